@@ -1,0 +1,99 @@
+"""``toolgrpo train | eval | sft``: a YAML file and/or dotted overrides, as in verl."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+
+# Quiet, offline, and friendly to 2-core machines before torch/transformers import.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+
+def _split(args: list[str]) -> tuple[str | None, list[str]]:
+    cfg = None
+    overrides = []
+    for a in args:
+        if "=" not in a and a.endswith((".yaml", ".yml")) and cfg is None:
+            cfg = a
+        else:
+            overrides.append(a)
+    return cfg, overrides
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from toolgrpo.config.loader import load_config
+    from toolgrpo.config.schema import TrainConfig
+    from toolgrpo.trainer.trainer import Trainer
+
+    path, overrides = _split(args.rest)
+    cfg = load_config(TrainConfig, path, overrides)
+    trainer = Trainer(cfg)
+    history = trainer.fit()
+    if history:
+        last = history[-1]
+        print(json.dumps({k: last[k] for k in sorted(last) if k.startswith(("reward/", "step"))}))
+    print(f"outputs in {cfg.trainer.output_dir}")
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from toolgrpo.eval.cli import run_eval
+
+    path, overrides = _split(args.rest)
+    return run_eval(path, overrides, args.checkpoint, args.output, args.limit, args.samples)
+
+
+def cmd_sft(args: argparse.Namespace) -> int:
+    from toolgrpo.config.loader import load_config
+    from toolgrpo.sft.config import SFTConfig
+    from toolgrpo.sft.trainer import SFTTrainer
+
+    path, overrides = _split(args.rest)
+    cfg = load_config(SFTConfig, path, overrides)
+    result = SFTTrainer(cfg).fit()
+    print(json.dumps(result))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="toolgrpo", description=__doc__)
+    parser.add_argument("-v", "--verbose", action="store_true")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("train", help="GRPO/PPO training: [config.yaml] [key=value ...]")
+    p.add_argument("rest", nargs=argparse.REMAINDER)
+    p.set_defaults(func=cmd_train)
+    p = sub.add_parser("eval", help="score a model or checkpoint on the RLLA test split")
+    p.add_argument("--checkpoint", help="a checkpoint dir (global_step_N) or an HF model dir")
+    p.add_argument("--output", default=None, help="where to write the JSON result")
+    p.add_argument("--limit", type=int, default=-1, help="evaluate only the first N tasks")
+    p.add_argument("--samples", type=int, default=5, help="decoded samples kept in the JSON")
+    p.add_argument("rest", nargs=argparse.REMAINDER)
+    p.set_defaults(func=cmd_eval)
+    p = sub.add_parser("sft", help="supervised fine-tuning: [config.yaml] [key=value ...]")
+    p.add_argument("rest", nargs=argparse.REMAINDER)
+    p.set_defaults(func=cmd_sft)
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
+    from toolgrpo.config.loader import ConfigError
+    from toolgrpo.data.loader import DataError
+    from toolgrpo.models.registry import ModelNotFound
+
+    try:
+        return args.func(args)
+    except (ConfigError, DataError, ModelNotFound, FileNotFoundError) as e:
+        print(f"toolgrpo {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+

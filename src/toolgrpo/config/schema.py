@@ -1,0 +1,189 @@
+"""Typed configuration, keyed with verl's vocabulary so a verl user's overrides carry over.
+
+Defaults here are the one source of truth: YAML files only override them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class DataConfig:
+    # "rlla:train" / "rlla:test" / "rlla:sft" name the embedded RLLA rows; anything else is a path.
+    train_files: list[str] = field(default_factory=lambda: ["rlla:train"])
+    val_files: list[str] = field(default_factory=lambda: ["rlla:test"])
+    train_batch_size: int = 4  # prompts per step; each yields actor_rollout_ref.rollout.n samples
+    val_batch_size: int = 16
+    max_prompt_length: int = 1024
+    max_response_length: int = 192
+    truncation: str = "left"  # "left" | "error": what to do with prompts over max_prompt_length
+    shuffle: bool = True
+    seed: int = 0
+    bad_rows: str = "skip"  # "skip" reports and drops malformed rows; "error" refuses the file
+    max_samples: int = -1  # -1 = all rows
+
+
+@dataclass
+class ModelConfig:
+    path: str = "smollm2-135m-toolrl"  # HF dir, .gguf file, or alias (see toolgrpo.models.registry)
+    dtype: str = "bfloat16"  # compute dtype (autocast); trainable parameters stay float32
+    lora_rank: int = 0  # 0 = full fine-tuning
+    lora_alpha: int = 16
+    lora_dropout: float = 0.0
+    target_modules: str = "all-linear"
+    adapter_path: str = ""  # start from an existing LoRA adapter
+    enable_gradient_checkpointing: bool = False
+    trust_remote_code: bool = False
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1e-6
+    weight_decay: float = 0.01
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    lr_warmup_steps: int = 0
+    warmup_style: str = "constant"  # "constant" | "cosine"
+    min_lr_ratio: float = 0.0
+
+
+@dataclass
+class PolicyLossConfig:
+    loss_mode: str = "vanilla"
+
+
+@dataclass
+class ActorConfig:
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
+    ppo_mini_batch_size: int = 4  # prompts per optimizer step (verl semantics: before ×n)
+    ppo_micro_batch_size_per_gpu: int = 4  # sequences per forward/backward
+    ppo_epochs: int = 1
+    clip_ratio: float = 0.2
+    clip_ratio_low: float | None = None  # None -> clip_ratio
+    clip_ratio_high: float | None = None  # None -> clip_ratio
+    clip_ratio_c: float = 3.0
+    loss_agg_mode: str = "token-mean"
+    entropy_coeff: float = 0.0
+    use_kl_loss: bool = False
+    kl_loss_coef: float = 0.001
+    kl_loss_type: str = "low_var_kl"
+    grad_clip: float = 1.0
+    logprob_chunk_size: int = 64  # response positions per lm_head chunk: bounds the [B, T, V] peak
+
+
+@dataclass
+class ValKwargs:
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = -1
+    n: int = 1
+    do_sample: bool = False
+
+
+@dataclass
+class RolloutConfig:
+    name: str = "hf"
+    n: int = 4
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1  # -1 = off, as in verl/vLLM
+    log_prob_micro_batch_size_per_gpu: int = 8
+    generation_batch_size: int = 16  # sequences per generate() call
+    val_kwargs: ValKwargs = field(default_factory=ValKwargs)
+
+
+@dataclass
+class RefConfig:
+    log_prob_micro_batch_size_per_gpu: int = 8
+
+
+@dataclass
+class ActorRolloutRefConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    ref: RefConfig = field(default_factory=RefConfig)
+
+
+@dataclass
+class KLCtrlConfig:
+    type: str = "fixed"  # "fixed" | "adaptive"
+    kl_coef: float = 0.001
+    horizon: int = 10000
+    target_kl: float = 0.1
+
+
+@dataclass
+class AlgorithmConfig:
+    adv_estimator: str = "grpo"  # grpo | dr_grpo | rloo | gae
+    norm_adv_by_std_in_grpo: bool = True
+    gamma: float = 1.0
+    lam: float = 1.0
+    use_kl_in_reward: bool = False
+    kl_penalty: str = "kl"
+    kl_ctrl: KLCtrlConfig = field(default_factory=KLCtrlConfig)
+
+
+@dataclass
+class CriticConfig:
+    """Value head on the actor's final hidden state; used only when adv_estimator=gae."""
+
+    vf_coef: float = 0.5
+    cliprange_value: float = 0.5
+    lr: float = 1e-5
+
+
+@dataclass
+class RllaRewardConfig:
+    # None = read the ToolRL environment variable of the same name (only "1" turns it on).
+    withlength: bool | None = None
+    schedulelength: bool | None = None
+    correctmax1: bool | None = None
+    max1step30max3: bool | None = None
+    schedulereward: bool | None = None
+    refinedreward: bool | None = None
+    intermediatereward: bool | None = None
+    coarsereward: bool | None = None
+
+
+@dataclass
+class RewardConfig:
+    rlla: RllaRewardConfig = field(default_factory=RllaRewardConfig)
+    nan_policy: str = "error"  # "error" stops with the offending sample; "zero" scores it 0 and counts it
+
+
+@dataclass
+class TrainerConfig:
+    project_name: str = "toolgrpo"
+    experiment_name: str = "grpo"
+    output_dir: str = "outputs/run"
+    total_training_steps: int = 10
+    total_epochs: int = 100  # an upper bound; total_training_steps usually ends the run first
+    save_freq: int = 5  # -1 = only at the end
+    test_freq: int = -1  # -1 = never during training
+    val_before_train: bool = False
+    resume: str = "auto"  # "auto" | "disable" | a checkpoint directory
+    max_checkpoints: int = 2
+    seed: int = 0
+    logger: list[str] = field(default_factory=lambda: ["console", "jsonl", "tensorboard"])
+    num_threads: int = 0  # 0 = torch default
+    save_hf_model: bool = True  # write a from_pretrained-loadable model into each checkpoint
+
+
+@dataclass
+class TrainConfig:
+    data: DataConfig = field(default_factory=DataConfig)
+    actor_rollout_ref: ActorRolloutRefConfig = field(default_factory=ActorRolloutRefConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+
+
+def as_dict(cfg: Any) -> dict:
+    """A plain dict of a config dataclass, for logging and checkpoints."""
+    from dataclasses import asdict
+
+    return asdict(cfg)

@@ -1,0 +1,207 @@
+"""Loading verl/RLLA-schema rows (JSONL or parquet) into validated ``Task`` objects.
+
+Rows are checked when the file is read, so a malformed row is reported with its index and skipped
+(or the file refused) before training starts, never halfway through a run.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from toolgrpo.data.task import ROLES, RowProblem, Task
+
+log = logging.getLogger(__name__)
+
+RowCheck = Callable[[Task], None]  # raises ValueError to refuse a row
+
+RLLA_TOOL_THOUGHT = (
+    "<think> I should use the appropriate tool with proper parameters to respond to the user's "
+    "need. </think>"
+)
+RLLA_RESPONSE_THOUGHT = "<think> I should directly respond to the user's need. </think>"
+
+
+class DataError(ValueError):
+    """A dataset that cannot be used as asked (missing, empty, or malformed under bad_rows=error)."""
+
+
+@dataclass(frozen=True)
+class LoadedData:
+    tasks: list[Task]
+    problems: list[RowProblem]
+
+
+def embedded_path(name: str) -> Path:
+    """Path of a file shipped in ``toolgrpo/data/rlla``."""
+    return Path(str(resources.files("toolgrpo.data").joinpath("rlla", name)))
+
+
+def read_rows(path: str | Path) -> Iterator[dict[str, Any] | Exception]:
+    """Yield raw rows of a JSONL or parquet file; an unparsable JSONL line yields its error."""
+    p = Path(path)
+    if not p.is_file():
+        raise DataError(f"data file not found: {p}")
+    if p.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        yield from pq.read_table(p).to_pylist()
+        return
+    if p.suffix not in (".jsonl", ".json"):
+        raise DataError(f"unsupported data file type {p.suffix!r} (want .jsonl or .parquet): {p}")
+    with p.open(encoding="utf-8") as fh:
+        if p.suffix == ".json":
+            rows = json.load(fh)
+            if not isinstance(rows, list):
+                raise DataError(f"{p}: a .json dataset must hold a list of rows")
+            yield from rows
+            return
+        for line in fh:
+            if not line.strip():
+                continue
+            try:
+                yield json.loads(line)
+            except json.JSONDecodeError as e:
+                yield e
+
+
+def row_to_task(row: Any, source: str, index: int) -> Task:
+    """Validate one verl-schema row and turn it into a ``Task``; raises ValueError with the reason."""
+    if not isinstance(row, dict):
+        raise ValueError(f"row is {type(row).__name__}, not an object")
+    prompt = row.get("prompt")
+    if not isinstance(prompt, list) or not prompt:
+        raise ValueError("'prompt' must be a non-empty list of messages")
+    messages = []
+    for m in prompt:
+        if not isinstance(m, dict) or not isinstance(m.get("content"), str):
+            raise ValueError("each prompt message needs a string 'content'")
+        if m.get("role") not in ROLES:
+            raise ValueError(f"message role {m.get('role')!r} is not one of {ROLES}")
+        messages.append({"role": m["role"], "content": m["content"]})
+    rm = row.get("reward_model")
+    gt = rm.get("ground_truth") if isinstance(rm, dict) else None
+    if not isinstance(gt, str) or not gt.strip():
+        raise ValueError("'reward_model.ground_truth' must be a non-empty string")
+    data_source = row.get("data_source")
+    if not isinstance(data_source, str) or not data_source:
+        raise ValueError("'data_source' must be a non-empty string")
+    extra = row.get("extra_info") if isinstance(row.get("extra_info"), dict) else {}
+    task_type = row.get("task_type") or extra.get("task_type") or _task_type(data_source)
+    idx = extra.get("index", index)
+    return Task(
+        task_id=f"{source}#{idx}",
+        messages=tuple(messages),
+        ground_truth=gt,
+        data_source=data_source,
+        task_type=str(task_type),
+        meta={"index": idx, "split": extra.get("split"), "row": index},
+    )
+
+
+def _task_type(data_source: str) -> str:
+    return "rlla" if "rlla" in data_source else data_source
+
+
+def sft_row_to_rl_row(row: dict[str, Any], index: int) -> dict[str, Any]:
+    """Turn an RLLA SFT row {instruction, input, output} into the RL schema (ToolRL's convention).
+
+    The R1 thought is replaced by ToolRL's placeholder thought; the raw output is kept in
+    ``extra_info.output_sft`` for SFT on full thoughts.
+    """
+    out = row["output"]
+    head, sep, tail = out.rpartition("</think>")
+    if not sep:
+        raise ValueError("SFT output has no </think>")
+    thought = RLLA_TOOL_THOUGHT if "<tool_call>" in tail else RLLA_RESPONSE_THOUGHT
+    return {
+        "data_source": "rlla",
+        "prompt": [
+            {"role": "system", "content": row["instruction"]},
+            {"role": "user", "content": row["input"]},
+        ],
+        "ability": "math",
+        "reward_model": {"style": "rule", "ground_truth": thought + tail},
+        "extra_info": {"split": "sft", "index": index, "output_sft": out},
+    }
+
+
+def _embedded_rows(name: str) -> Iterator[dict[str, Any] | Exception]:
+    if name == "test":
+        yield from read_rows(embedded_path("rlla_4k_test.jsonl"))
+    elif name == "train":
+        for row in read_rows(embedded_path("rlla_sample300.jsonl")):
+            if isinstance(row, dict) and row.get("extra_info", {}).get("split") == "sft_derived":
+                yield row
+    elif name == "sft":
+        held_out = test_prompt_keys()
+        for i, row in enumerate(read_rows(embedded_path("rlla_sft.jsonl"))):
+            if isinstance(row, Exception):
+                yield row
+            elif prompt_key([row["instruction"], row["input"]]) not in held_out:
+                yield sft_row_to_rl_row(row, i)
+    else:
+        raise DataError(f"unknown embedded dataset 'rlla:{name}' (have rlla:train, rlla:test, rlla:sft)")
+
+
+def prompt_key(contents: Iterable[str]) -> str:
+    """A content key for a prompt, used to keep the held-out test split out of training data."""
+    return "\x1e".join(c.strip() for c in contents)
+
+
+_TEST_KEYS: set[str] | None = None
+
+
+def test_prompt_keys() -> set[str]:
+    """Prompt keys of the embedded RLLA test split."""
+    global _TEST_KEYS
+    if _TEST_KEYS is None:
+        _TEST_KEYS = {
+            prompt_key(m["content"] for m in r["prompt"])
+            for r in read_rows(embedded_path("rlla_4k_test.jsonl"))
+            if isinstance(r, dict)
+        }
+    return _TEST_KEYS
+
+
+def load_tasks(
+    specs: str | list[str],
+    bad_rows: str = "skip",
+    max_samples: int = -1,
+    check: RowCheck | None = None,
+) -> LoadedData:
+    """Load tasks from files or embedded names (``rlla:train``), validating every row."""
+    if bad_rows not in ("skip", "error"):
+        raise DataError(f"data.bad_rows must be 'skip' or 'error', got {bad_rows!r}")
+    tasks: list[Task] = []
+    problems: list[RowProblem] = []
+    for spec in [specs] if isinstance(specs, str) else specs:
+        if spec.startswith("rlla:"):
+            rows, source = _embedded_rows(spec.split(":", 1)[1]), spec
+        else:
+            rows, source = read_rows(spec), str(spec)
+        for i, row in enumerate(rows):
+            try:
+                if isinstance(row, Exception):
+                    raise ValueError(f"not valid JSON ({row})")
+                task = row_to_task(row, source, i)
+                if check is not None:
+                    check(task)
+            except ValueError as e:
+                problem = RowProblem(source, i, str(e))
+                if bad_rows == "error":
+                    raise DataError(f"malformed row: {problem}") from e
+                log.warning("skipping malformed row: %s", problem)
+                problems.append(problem)
+                continue
+            tasks.append(task)
+    if max_samples > 0:
+        tasks = tasks[:max_samples]
+    if not tasks:
+        raise DataError(f"no usable rows in {specs} ({len(problems)} malformed)")
+    return LoadedData(tasks, problems)

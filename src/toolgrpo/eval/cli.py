@@ -1,0 +1,85 @@
+"""``toolgrpo eval``: score the base model, an alias, or a training checkpoint; write JSON."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from toolgrpo.config.loader import load_config
+from toolgrpo.config.schema import TrainConfig
+from toolgrpo.data.loader import load_tasks
+from toolgrpo.eval.evaluate import evaluate
+from toolgrpo.models.loading import load_policy
+from toolgrpo.rewards.scoring import check_task
+from toolgrpo.rewards.types import RllaFlags
+from toolgrpo.rollout.generator import SamplingParams
+from toolgrpo.rollout.hf import HFGenerator
+
+
+def apply_checkpoint(cfg: TrainConfig, checkpoint: str) -> str:
+    """Point the model config at a checkpoint (its merged ``model/``, or its LoRA ``adapter/``)."""
+    p = Path(checkpoint)
+    m = cfg.actor_rollout_ref.model
+    if (p / "model" / "config.json").is_file():
+        m.path, m.adapter_path, m.lora_rank = str(p / "model"), "", 0
+    elif (p / "adapter" / "adapter_config.json").is_file():
+        m.adapter_path = str(p / "adapter")
+    elif (p / "config.json").is_file() or (p / "adapter_config.json").is_file():
+        m.path, m.adapter_path, m.lora_rank = str(p), "", 0
+    else:
+        raise FileNotFoundError(f"{p} is neither a checkpoint nor a model directory")
+    return str(p)
+
+
+def run_eval(
+    config_path: str | None,
+    overrides: list[str],
+    checkpoint: str | None,
+    output: str | None,
+    limit: int,
+    keep_samples: int,
+) -> int:
+    cfg = load_config(TrainConfig, config_path, overrides)
+    label = cfg.actor_rollout_ref.model.path
+    if checkpoint:
+        label = apply_checkpoint(cfg, checkpoint)
+    policy = load_policy(cfg.actor_rollout_ref.model, trainable=False)
+    d, vk = cfg.data, cfg.actor_rollout_ref.rollout.val_kwargs
+    tasks = load_tasks(d.val_files, d.bad_rows, -1, check_task).tasks
+    if limit > 0:
+        tasks = tasks[:limit]
+    params = SamplingParams(
+        n=vk.n,
+        temperature=vk.temperature if vk.do_sample else 1.0,
+        top_p=vk.top_p,
+        top_k=vk.top_k,
+        max_new_tokens=d.max_response_length,
+        do_sample=vk.do_sample,
+    )
+    gen = HFGenerator(policy.model, policy.tokenizer, policy.dtype, d.val_batch_size)
+    flags = RllaFlags(**vars(cfg.reward.rlla))
+    res = evaluate(
+        gen, policy.tokenizer, tasks, params, d.max_prompt_length, 0, flags, keep_samples,
+        d.val_batch_size,
+    )
+    record = {"model": label, "val_files": d.val_files, **res.to_dict()}
+    out = Path(output) if output else Path(cfg.trainer.output_dir) / "eval.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(record, indent=1))
+    table = Table(title=f"toolgrpo eval: {label} on {', '.join(d.val_files)}")
+    for col in ("tasks", "reward", "format", "correctness", "format rate", "exact-call rate"):
+        table.add_column(col)
+    table.add_row(
+        str(res.num_tasks),
+        f"{res.reward_mean:.3f}",
+        f"{res.format_mean:.3f}",
+        f"{res.correctness_mean:.3f}",
+        f"{res.format_rate:.1%}",
+        f"{res.exact_call_rate:.1%}",
+    )
+    Console().print(table)
+    print(f"wrote {out}")
+    return 0

@@ -1,0 +1,122 @@
+"""Loading the policy (full fine-tuning or LoRA) and its tokenizer from a resolved model."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
+
+from toolgrpo.config.schema import ModelConfig
+from toolgrpo.models.registry import ResolvedModel, resolve_model
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
+
+
+def compute_dtype(name: str) -> torch.dtype:
+    if name not in DTYPES:
+        raise ValueError(f"unknown dtype {name!r}; use one of {sorted(DTYPES)}")
+    return DTYPES[name]
+
+
+@dataclass
+class Policy:
+    """A causal LM ready for generation and training, plus what produced it."""
+
+    model: Any  # PreTrainedModel or peft.PeftModel
+    tokenizer: PreTrainedTokenizerBase
+    resolved: ResolvedModel
+    dtype: torch.dtype  # autocast compute dtype
+    is_lora: bool
+
+    @property
+    def base(self) -> Any:
+        """The underlying ``*ForCausalLM`` (LoRA layers injected in place when is_lora)."""
+        return self.model.get_base_model() if self.is_lora else self.model
+
+    def autocast(self) -> Any:
+        """Autocast context: bf16 matmuls on CPU with float32 master weights."""
+        enabled = self.dtype != torch.float32
+        return torch.autocast("cpu", dtype=self.dtype, enabled=enabled)
+
+
+def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
+    tok = AutoTokenizer.from_pretrained(str(path))
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    if not tok.chat_template:
+        raise ValueError(f"tokenizer at {path} has no chat template; prompts need one")
+    return tok
+
+
+def load_policy(cfg: ModelConfig, trainable: bool = True) -> Policy:
+    """Load ``cfg.path``; with ``lora_rank > 0`` (or a shipped adapter) wrap it with PEFT LoRA."""
+    resolved = resolve_model(cfg.path)
+    dtype = compute_dtype(cfg.dtype)
+    tokenizer = load_tokenizer(resolved.hf_dir)
+    # Trainable weights stay float32 (bf16 cannot hold lr≈1e-6 updates); frozen ones may be bf16.
+    full_ft = trainable and cfg.lora_rank == 0 and resolved.adapter_dir is None
+    weight_dtype = torch.float32 if (full_ft or dtype == torch.float32) else dtype
+    model = AutoModelForCausalLM.from_pretrained(str(resolved.hf_dir), dtype=weight_dtype)
+    model.config.use_cache = True
+    adapter = Path(cfg.adapter_path) if cfg.adapter_path else resolved.adapter_dir
+    is_lora = cfg.lora_rank > 0 or adapter is not None
+    if is_lora:
+        model = _apply_lora(model, cfg, adapter, trainable)
+    if trainable and cfg.enable_gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if is_lora:
+            model.enable_input_require_grads()
+    if not trainable:
+        model.requires_grad_(False)
+        model.eval()
+    return Policy(model, tokenizer, resolved, dtype, is_lora)
+
+
+def _apply_lora(model: Any, cfg: ModelConfig, adapter: Path | None, trainable: bool) -> Any:
+    from peft import LoraConfig, PeftModel, get_peft_model
+
+    if adapter is not None:
+        if not (adapter / "adapter_config.json").is_file():
+            raise FileNotFoundError(f"LoRA adapter not found: {adapter}")
+        model = PeftModel.from_pretrained(model, str(adapter), is_trainable=trainable)
+    else:
+        target: Any = cfg.target_modules
+        if target != "all-linear":
+            target = [t.strip() for t in target.split(",") if t.strip()]
+        lora = LoraConfig(
+            r=cfg.lora_rank,
+            lora_alpha=cfg.lora_alpha,
+            lora_dropout=cfg.lora_dropout,
+            target_modules=target,
+            task_type="CAUSAL_LM",
+        )
+        model = get_peft_model(model, lora)
+    # LoRA parameters train in float32 whatever the frozen base dtype is.
+    for p in model.parameters():
+        if p.requires_grad:
+            p.data = p.data.float()
+    return model
+
+
+def trainable_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+def save_hf_model(policy: Policy, out_dir: Path) -> None:
+    """Write a directory ``AutoModelForCausalLM.from_pretrained`` loads (LoRA merged in)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if policy.is_lora:
+        import copy
+
+        merged = copy.deepcopy(policy.model).merge_and_unload()
+        merged.save_pretrained(out_dir)
+        del merged
+    else:
+        policy.model.save_pretrained(out_dir)
+    policy.tokenizer.save_pretrained(out_dir)

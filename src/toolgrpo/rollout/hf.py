@@ -1,0 +1,122 @@
+"""Hugging Face ``generate`` backend: batched sampling that records the sampled tokens' log-probs.
+
+We install the temperature/top-k/top-p warpers ourselves, followed by a recorder, so the recorded
+log-probs are exactly those of the distribution each token was drawn from (truncation included) —
+what an importance-sampling denominator needs — and only one ``[B, V]`` row set is kept at a time.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers import (
+    GenerationConfig,
+    LogitsProcessor,
+    LogitsProcessorList,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
+
+from toolgrpo.rollout.generator import Completion, SamplingParams
+
+
+class _LogprobRecorder(LogitsProcessor):
+    """Keeps log_softmax of the final scores for one step, gathering the previous step's token."""
+
+    def __init__(self) -> None:
+        self.pending: torch.Tensor | None = None
+        self.taken: list[torch.Tensor] = []
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        self.collect(input_ids[:, -1])
+        self.pending = torch.log_softmax(scores.float(), dim=-1)
+        return scores
+
+    def collect(self, last_tokens: torch.Tensor) -> None:
+        if self.pending is not None:
+            self.taken.append(self.pending.gather(-1, last_tokens.view(-1, 1)).squeeze(-1))
+            self.pending = None
+
+
+def stop_token_ids(tokenizer: Any) -> list[int]:
+    """EOS ids that end a turn: the tokenizer's EOS plus ChatML's <|im_end|> / <|endoftext|>."""
+    ids = {tokenizer.eos_token_id}
+    for t in ("<|im_end|>", "<|endoftext|>", "<|eot_id|>"):
+        tid = tokenizer.convert_tokens_to_ids(t)
+        if isinstance(tid, int) and tid != tokenizer.unk_token_id:
+            ids.add(tid)
+    return sorted(i for i in ids if i is not None)
+
+
+class HFGenerator:
+    """Generation from an in-process model that shares weights with the trainer (no sync needed)."""
+
+    def __init__(self, model: Any, tokenizer: Any, dtype: torch.dtype, batch_size: int = 16):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.dtype = dtype
+        self.batch_size = batch_size
+        self.eos_ids = stop_token_ids(tokenizer)
+        self.pad_id = tokenizer.pad_token_id
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
+        rows = [(i, p) for i, p in enumerate(prompts) for _ in range(params.n)]
+        out: list[Completion] = []
+        for s in range(0, len(rows), self.batch_size):
+            out.extend(self._generate_batch(rows[s : s + self.batch_size], params))
+        return out
+
+    @torch.no_grad()
+    def _generate_batch(self, rows: list[tuple[int, list[int]]], params: SamplingParams):
+        width = max(len(p) for _, p in rows)
+        ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for r, (_, p) in enumerate(rows):
+            ids[r, width - len(p) :] = torch.tensor(p, dtype=torch.long)
+            mask[r, width - len(p) :] = 1
+        recorder = _LogprobRecorder()
+        processors: list[LogitsProcessor] = []
+        if params.do_sample:
+            if params.temperature != 1.0:
+                processors.append(TemperatureLogitsWarper(params.temperature))
+            if params.top_k > 0:
+                processors.append(TopKLogitsWarper(params.top_k))
+            if params.top_p < 1.0:
+                processors.append(TopPLogitsWarper(params.top_p))
+        processors.append(recorder)
+        gen_cfg = GenerationConfig(
+            do_sample=params.do_sample,
+            temperature=1.0,
+            top_k=0,
+            top_p=1.0,
+            max_new_tokens=params.max_new_tokens,
+            eos_token_id=self.eos_ids,
+            pad_token_id=self.pad_id,
+        )
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            enabled = self.dtype != torch.float32
+            with torch.autocast("cpu", dtype=self.dtype, enabled=enabled):
+                seqs = self.model.generate(
+                    input_ids=ids,
+                    attention_mask=mask,
+                    generation_config=gen_cfg,
+                    logits_processor=LogitsProcessorList(processors),
+                )
+        finally:
+            self.model.train(was_training)
+        new = seqs[:, width:]
+        if new.shape[1] > 0:
+            recorder.collect(new[:, -1])
+        lp = torch.stack(recorder.taken, dim=1) if recorder.taken else torch.zeros(len(rows), 0)
+        return [self._completion(i, p, new[r], lp[r], params) for r, (i, p) in enumerate(rows)]
+
+    def _completion(self, index, prompt, new_ids, lps, params) -> Completion:
+        tokens = new_ids.tolist()
+        end = next((k for k, t in enumerate(tokens) if t in self.eos_ids), None)
+        if end is None:
+            return Completion(index, list(prompt), tokens, lps.tolist(), "length")
+        return Completion(index, list(prompt), tokens[: end + 1], lps[: end + 1].tolist(), "stop")

@@ -1,0 +1,193 @@
+"""The actor (and optional value head / reference policy): log-prob passes and the PPO update.
+
+Losses come from ``toolgrpo.algos``; this module only slices the batch into mini/micro-batches,
+trims padding, and weights micro-batch losses so the result equals the loss over the mini-batch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from contextlib import nullcontext
+from typing import Any
+
+import torch
+
+from toolgrpo.algos import agg_loss, get_policy_loss, kl_loss, value_loss
+from toolgrpo.config.schema import TrainConfig
+from toolgrpo.models.loading import Policy, load_policy, trainable_parameters
+from toolgrpo.models.logprobs import response_logprobs
+from toolgrpo.trainer.batch import Batch, microbatch_indices, minibatch_indices
+
+
+def _trim(b: Batch) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Drop columns that are padding in every row of a micro-batch (left of prompts, right of
+    responses): the forward pass then costs what the longest row costs, not the whole batch."""
+    P = b.input_ids_BT.shape[1] - b.response_length
+    live = b.attention_mask_BT[:, :P].any(0).nonzero()
+    start = int(live[0]) if len(live) else P - 1
+    r = max(1, int(b.response_mask_BR.sum(1).max().item()))
+    return b.input_ids_BT[:, start : P + r], b.attention_mask_BT[:, start : P + r], r
+
+
+def _pad_right(x: torch.Tensor, width: int) -> torch.Tensor:
+    return torch.nn.functional.pad(x, (0, width - x.shape[1]))
+
+
+class Actor:
+    def __init__(self, policy: Policy, cfg: TrainConfig, total_steps: int) -> None:
+        self.policy = policy
+        self.cfg = cfg
+        acfg = cfg.actor_rollout_ref.actor
+        self.temperature = cfg.actor_rollout_ref.rollout.temperature
+        self.chunk = acfg.logprob_chunk_size
+        self.value_head: torch.nn.Linear | None = None
+        groups: list[dict[str, Any]] = [{"params": trainable_parameters(policy.model)}]
+        if cfg.algorithm.adv_estimator == "gae":
+            hidden = policy.base.config.hidden_size
+            self.value_head = torch.nn.Linear(hidden, 1)
+            torch.nn.init.zeros_(self.value_head.weight)
+            torch.nn.init.zeros_(self.value_head.bias)
+            groups.append({"params": list(self.value_head.parameters()), "lr": cfg.critic.lr})
+        o = acfg.optim
+        self.optimizer = torch.optim.AdamW(
+            groups, lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: _lr_factor(s, o.lr_warmup_steps, total_steps, o)
+        )
+        self.ref: Policy | None = None
+        self.needs_ref = acfg.use_kl_loss or cfg.algorithm.use_kl_in_reward
+        if self.needs_ref and not policy.is_lora:
+            self.ref = load_policy(cfg.actor_rollout_ref.model, trainable=False)
+
+    # ---- no-grad passes -------------------------------------------------------------------
+    @torch.no_grad()
+    def compute_logprobs(
+        self, batch: Batch, reference: bool = False, with_values: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Log-probs of the response tokens under the actor (or reference), micro-batched."""
+        micro = self.cfg.actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu
+        out = torch.zeros_like(batch.response_mask_BR)
+        values = torch.zeros_like(batch.response_mask_BR) if with_values else None
+        for rows in microbatch_indices(range(batch.size), micro):
+            lp, _, v = self._forward(batch.select(rows), reference, False, with_values)
+            out[rows] = _pad_right(lp, batch.response_length)
+            if values is not None and v is not None:
+                values[rows] = _pad_right(v, batch.response_length)
+        return out, values
+
+    def _forward(self, mb: Batch, reference: bool, entropy: bool, values: bool):
+        ids, attn, r = _trim(mb)
+        policy = self.ref if (reference and self.ref is not None) else self.policy
+        ctx = self.policy.model.disable_adapter() if reference and self.ref is None else nullcontext()
+        with ctx, policy.autocast():
+            res = response_logprobs(
+                policy.base, ids, attn, r, self.temperature, self.chunk, entropy, values
+            )
+        v = None
+        if values and self.value_head is not None:
+            v = self.value_head(res.hidden_BR.float()).squeeze(-1)
+        return res.logprobs_BR, res.entropy_BR, v
+
+    # ---- the update ------------------------------------------------------------------------
+    def update(self, batch: Batch) -> dict[str, float]:
+        """PPO epochs over mini-batches of whole groups; one optimizer step per mini-batch."""
+        acfg = self.cfg.actor_rollout_ref.actor
+        self.policy.model.train()
+        sums: dict[str, float] = defaultdict(float)
+        grad_norms = []
+        for _ in range(acfg.ppo_epochs):
+            for rows in minibatch_indices(batch.uids, max(1, acfg.ppo_mini_batch_size)):
+                mini = batch.select(rows)
+                self.optimizer.zero_grad(set_to_none=True)
+                denom = _agg_count(mini.response_mask_BR, acfg.loss_agg_mode)
+                micro = acfg.ppo_micro_batch_size_per_gpu
+                for micro_rows in microbatch_indices(range(mini.size), micro):
+                    mb = mini.select(micro_rows)
+                    w = _agg_count(mb.response_mask_BR, acfg.loss_agg_mode) / max(denom, 1)
+                    if w == 0:
+                        continue
+                    loss, m = self._micro_loss(mb)
+                    (loss * w).backward()
+                    for k, v in m.items():
+                        sums[k] += v * w
+                sums["_weight"] += 1.0
+                params = [p for g in self.optimizer.param_groups for p in g["params"]]
+                norm = torch.nn.utils.clip_grad_norm_(params, acfg.grad_clip)
+                if math.isfinite(float(norm)):
+                    self.optimizer.step()
+                else:
+                    sums["actor/nonfinite_grad_skips"] += 1.0
+                grad_norms.append(float(norm))
+        self.scheduler.step()
+        count = max(sums.pop("_weight"), 1.0)
+        skips = sums.pop("actor/nonfinite_grad_skips", 0.0)
+        metrics = {k: v / count for k, v in sums.items()}
+        metrics["actor/grad_norm"] = sum(grad_norms) / max(len(grad_norms), 1)
+        metrics["actor/lr"] = self.optimizer.param_groups[0]["lr"]
+        metrics["actor/nonfinite_grad_skips"] = skips
+        return metrics
+
+    def _micro_loss(self, mb: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+        acfg = self.cfg.actor_rollout_ref.actor
+        gae = self.value_head is not None
+        lp, ent, values = self._forward(mb, False, True, gae)
+        r = lp.shape[1]
+        mask = mb.response_mask_BR[:, :r]
+        low = acfg.clip_ratio_low if acfg.clip_ratio_low is not None else acfg.clip_ratio
+        high = acfg.clip_ratio_high if acfg.clip_ratio_high is not None else acfg.clip_ratio
+        pg, pm = get_policy_loss(acfg.policy_loss.loss_mode)(
+            mb.old_logprobs_BR[:, :r],
+            lp,
+            mb.advantages_BR[:, :r],
+            mask,
+            clip_ratio_low=low,
+            clip_ratio_high=high,
+            clip_ratio_c=acfg.clip_ratio_c,
+            loss_agg_mode=acfg.loss_agg_mode,
+        )
+        entropy = agg_loss(ent, mask, acfg.loss_agg_mode)
+        loss = pg - acfg.entropy_coeff * entropy
+        metrics = {
+            "actor/pg_loss": float(pg.detach()),
+            "actor/entropy": float(entropy.detach()),
+            "actor/clipfrac": pm["pg_clipfrac"],
+            "actor/clipfrac_lower": pm["pg_clipfrac_lower"],
+            "actor/ppo_kl": pm["ppo_kl"],
+        }
+        if acfg.use_kl_loss:
+            kl = kl_loss(lp, mb.ref_logprobs_BR[:, :r], mask, acfg.kl_loss_type, acfg.loss_agg_mode)
+            loss = loss + acfg.kl_loss_coef * kl
+            metrics["actor/kl_loss"] = float(kl.detach())
+        if gae and values is not None:
+            vl, vclip = value_loss(
+                values,
+                mb.old_values_BR[:, :r],
+                mb.returns_BR[:, :r],
+                mask,
+                self.cfg.critic.cliprange_value,
+                acfg.loss_agg_mode,
+            )
+            loss = loss + self.cfg.critic.vf_coef * vl
+            metrics["critic/vf_loss"] = float(vl.detach())
+            metrics["critic/vf_clipfrac"] = vclip
+        metrics["actor/loss"] = float(loss.detach())
+        return loss, metrics
+
+
+def _agg_count(mask: torch.Tensor, mode: str) -> float:
+    """What a loss aggregation divides by: tokens for token-mean, non-empty sequences otherwise."""
+    if mode == "token-mean":
+        return float(mask.sum())
+    return float((mask.sum(1) > 0).sum())
+
+
+def _lr_factor(step: int, warmup: int, total: int, o: Any) -> float:
+    if warmup > 0 and step < warmup:
+        return (step + 1) / warmup
+    if o.warmup_style == "cosine" and total > warmup:
+        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+        cos = 0.5 * (1 + math.cos(math.pi * progress))
+        return o.min_lr_ratio + (1 - o.min_lr_ratio) * cos
+    return 1.0

@@ -1,0 +1,88 @@
+"""The training batch: right-padded ``[B, P + R]`` tensors built from completions by pure functions.
+
+Layout (verl's): prompts left-padded to a shared width P, responses right-padded to R, so response
+token ``j`` of every row sits at column ``P + j`` and ``response_mask_BR`` marks which are real.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields, replace
+
+import torch
+
+from toolgrpo.rollout.generator import Completion
+
+
+@dataclass
+class Batch:
+    input_ids_BT: torch.Tensor
+    attention_mask_BT: torch.Tensor
+    response_mask_BR: torch.Tensor  # float, 1 = a token the policy sampled
+    rollout_logprobs_BR: torch.Tensor  # log-probs under the sampling distribution
+    scores_B: torch.Tensor | None = None
+    old_logprobs_BR: torch.Tensor | None = None
+    ref_logprobs_BR: torch.Tensor | None = None
+    old_values_BR: torch.Tensor | None = None
+    advantages_BR: torch.Tensor | None = None
+    returns_BR: torch.Tensor | None = None
+    uids: list[str] = field(default_factory=list)
+    task_types: list[str] = field(default_factory=list)
+
+    @property
+    def size(self) -> int:
+        return self.input_ids_BT.shape[0]
+
+    @property
+    def response_length(self) -> int:
+        return self.response_mask_BR.shape[1]
+
+    def select(self, idx: Sequence[int]) -> Batch:
+        """Rows ``idx`` of every tensor and list (mini- and micro-batches)."""
+        index = torch.as_tensor(list(idx), dtype=torch.long)
+        updates = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, torch.Tensor):
+                updates[f.name] = v.index_select(0, index)
+            elif isinstance(v, list) and v:
+                updates[f.name] = [v[i] for i in idx]
+        return replace(self, **updates)
+
+
+def collate(completions: Sequence[Completion], uids: Sequence[str], pad_id: int) -> Batch:
+    """Stack completions into padded tensors; empty responses keep one masked pad column."""
+    if len(completions) != len(uids):
+        raise ValueError("one uid per completion is required")
+    P = max(len(c.prompt_ids) for c in completions)
+    R = max(1, max(len(c.token_ids) for c in completions))
+    B = len(completions)
+    ids = torch.full((B, P + R), pad_id, dtype=torch.long)
+    attn = torch.zeros((B, P + R), dtype=torch.long)
+    resp_mask = torch.zeros((B, R), dtype=torch.float32)
+    lps = torch.zeros((B, R), dtype=torch.float32)
+    for i, c in enumerate(completions):
+        p, r = len(c.prompt_ids), len(c.token_ids)
+        ids[i, P - p : P] = torch.tensor(c.prompt_ids, dtype=torch.long)
+        attn[i, P - p : P] = 1
+        if r:
+            ids[i, P : P + r] = torch.tensor(c.token_ids, dtype=torch.long)
+            attn[i, P : P + r] = 1
+            resp_mask[i, :r] = 1.0
+            lps[i, :r] = torch.tensor(c.logprobs, dtype=torch.float32)
+    return Batch(ids, attn, resp_mask, lps, uids=list(uids))
+
+
+def minibatch_indices(uids: Sequence[str], groups_per_minibatch: int) -> list[list[int]]:
+    """Split row indices into mini-batches of whole GRPO groups (a group never straddles two)."""
+    order: dict[str, list[int]] = {}
+    for i, u in enumerate(uids):
+        order.setdefault(u, []).append(i)
+    groups = list(order.values())
+    step = max(1, groups_per_minibatch)
+    return [sum(groups[s : s + step], []) for s in range(0, len(groups), step)]
+
+
+def microbatch_indices(rows: Sequence[int], micro_size: int) -> list[list[int]]:
+    rows = list(rows)
+    return [rows[s : s + micro_size] for s in range(0, len(rows), max(1, micro_size))]

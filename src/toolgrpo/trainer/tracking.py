@@ -1,0 +1,109 @@
+"""Where metrics go: metrics.jsonl (one object per step), TensorBoard, and a rich console view.
+
+On resume from step k, lines and events after k are dropped first, so a run killed between
+checkpoints and resumed shows each step exactly once.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+CONSOLE_KEYS = (
+    "reward/mean",
+    "reward/format/mean",
+    "reward/correctness/mean",
+    "actor/pg_loss",
+    "actor/entropy",
+    "response_length/mean",
+    "timing/step_s",
+)
+
+
+def truncate_jsonl(path: Path, last_step: int) -> None:
+    """Keep only records with ``step <= last_step`` (and drop a torn last line)."""
+    if not path.is_file():
+        return
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if rec.get("step", 0) <= last_step:
+            kept.append(line)
+    path.write_text("".join(k + "\n" for k in kept))
+
+
+def _clean(v: Any) -> Any:
+    if isinstance(v, float) and not math.isfinite(v):
+        return None  # JSON has no NaN; null is explicit
+    return v
+
+
+class Tracker:
+    def __init__(
+        self,
+        output_dir: str | Path,
+        backends: list[str],
+        total_steps: int,
+        start_step: int = 0,
+        console: Console | None = None,
+    ) -> None:
+        unknown = set(backends) - {"console", "jsonl", "tensorboard"}
+        if unknown:
+            raise ValueError(f"unknown trainer.logger backend(s) {sorted(unknown)}")
+        self.dir = Path(output_dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.jsonl = self.dir / "metrics.jsonl" if "jsonl" in backends else None
+        if self.jsonl is not None:
+            truncate_jsonl(self.jsonl, start_step)
+        self.tb = None
+        if "tensorboard" in backends:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tb = SummaryWriter(str(self.dir / "tensorboard"), purge_step=start_step + 1)
+        self.console = console or Console(stderr=True)
+        self.progress = None
+        if "console" in backends:
+            self.progress = Progress(
+                TextColumn("[bold]GRPO"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeRemainingColumn(),
+                TextColumn("{task.description}"),
+                console=self.console,
+            )
+            self.progress.start()
+            self.task = self.progress.add_task("", total=total_steps, completed=start_step)
+
+    def log(self, metrics: dict[str, Any], step: int) -> None:
+        record = {"step": step, **{k: _clean(v) for k, v in metrics.items()}}
+        if self.jsonl is not None:
+            with self.jsonl.open("a") as fh:
+                fh.write(json.dumps(record) + "\n")
+                fh.flush()
+        if self.tb is not None:
+            for k, v in metrics.items():
+                if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+                    self.tb.add_scalar(k, v, step)
+            self.tb.flush()
+        if self.progress is not None:
+            shown = "  ".join(
+                f"{k.split('/', 1)[-1] if k.startswith('reward/') else k}={metrics[k]:.3g}"
+                for k in CONSOLE_KEYS
+                if isinstance(metrics.get(k), (int, float))
+            )
+            self.progress.update(self.task, completed=step, description="")
+            self.progress.console.print(f"step {step}: {shown}")
+
+    def close(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+        if self.tb is not None:
+            self.tb.close()

@@ -1,0 +1,252 @@
+"""The GRPO/PPO loop: rollout → reward → advantage → update, with checkpoints and metrics.
+
+Each step is a short sequence of calls into the layers below; features hook in as modules.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from toolgrpo.algos import (
+    apply_kl_in_reward,
+    compute_advantages,
+    get_kl_controller,
+    kl_penalty,
+    token_level_rewards,
+)
+from toolgrpo.algos.utils import masked_mean
+from toolgrpo.config.loader import to_yaml
+from toolgrpo.config.schema import TrainConfig
+from toolgrpo.config.validate import validate_train_config
+from toolgrpo.data.loader import load_tasks
+from toolgrpo.data.task import Task
+from toolgrpo.eval.evaluate import evaluate
+from toolgrpo.models.loading import load_policy
+from toolgrpo.rewards.scoring import Score, check_task, is_finite, score
+from toolgrpo.rewards.types import RllaFlags
+from toolgrpo.rollout.generator import Completion, SamplingParams
+from toolgrpo.rollout.hf import HFGenerator
+from toolgrpo.rollout.single_turn import rollout_tasks, solution_text
+from toolgrpo.trainer import state as ckpt_state
+from toolgrpo.trainer.actor import Actor
+from toolgrpo.trainer.batch import Batch, collate
+from toolgrpo.trainer.metrics import step_metrics
+from toolgrpo.trainer.sampler import TaskSampler
+from toolgrpo.trainer.tracking import Tracker
+
+log = logging.getLogger(__name__)
+
+
+class NonFiniteReward(ValueError):
+    """A reward came back NaN/inf with ``reward.nan_policy=error``."""
+
+
+class Trainer:
+    def __init__(self, cfg: TrainConfig) -> None:
+        validate_train_config(cfg)
+        self.cfg = cfg
+        if cfg.trainer.num_threads > 0:
+            torch.set_num_threads(cfg.trainer.num_threads)
+        torch.manual_seed(cfg.trainer.seed)
+        self.out = Path(cfg.trainer.output_dir)
+        self.out.mkdir(parents=True, exist_ok=True)
+        data = load_tasks(cfg.data.train_files, cfg.data.bad_rows, cfg.data.max_samples, check_task)
+        self.tasks, self.data_problems = data.tasks, data.problems
+        self.sampler = TaskSampler(
+            len(self.tasks), cfg.data.train_batch_size, cfg.data.seed, cfg.data.shuffle
+        )
+        self.policy = load_policy(cfg.actor_rollout_ref.model)
+        self.tokenizer = self.policy.tokenizer
+        r = cfg.actor_rollout_ref.rollout
+        self.generator = HFGenerator(
+            self.policy.model, self.tokenizer, self.policy.dtype, r.generation_batch_size
+        )
+        self.sampling = SamplingParams(
+            n=r.n,
+            temperature=r.temperature,
+            top_p=r.top_p,
+            top_k=r.top_k,
+            max_new_tokens=cfg.data.max_response_length,
+        )
+        self.total_steps = cfg.trainer.total_training_steps
+        self.actor = Actor(self.policy, cfg, self.total_steps)
+        kc = cfg.algorithm.kl_ctrl
+        self.kl_ctrl = get_kl_controller(kc.type, kc.kl_coef, kc.target_kl, kc.horizon)
+        self.flags = RllaFlags(**asdict(cfg.reward.rlla))
+        self.step = 0
+        self._resume()
+
+    # ---- the loop ----------------------------------------------------------------------------
+    def fit(self) -> list[dict[str, Any]]:
+        t = self.cfg.trainer
+        (self.out / "config.yaml").write_text(to_yaml(self.cfg))
+        tracker = Tracker(self.out, t.logger, self.total_steps, start_step=self.step)
+        history = []
+        try:
+            if t.val_before_train and self.step == 0:
+                tracker.log(self.validate(0), 0)
+            while self.step < self.total_steps:
+                step = self.step + 1
+                metrics = self.train_step(step)
+                self.step = step
+                if t.test_freq > 0 and step % t.test_freq == 0:
+                    metrics.update(self.validate(step))
+                if (t.save_freq > 0 and step % t.save_freq == 0) or step == self.total_steps:
+                    self.save_checkpoint()
+                tracker.log(metrics, step)
+                history.append(metrics)
+        finally:
+            tracker.close()
+        return history
+
+    def train_step(self, step: int) -> dict[str, Any]:
+        """One GRPO/PPO step; returns its metrics."""
+        torch.manual_seed(self.cfg.trainer.seed * 1_000_003 + step)  # resumable sampling
+        t_step = time.time()
+        tasks = [self.tasks[i] for i in self.sampler.next_batch()]
+        timing: dict[str, float] = {}
+
+        t0 = time.time()
+        completions, uids, owners = self.rollout(tasks)
+        timing["timing/gen_s"] = time.time() - t0
+
+        t0 = time.time()
+        scores, nonfinite = self.reward(owners, completions, step)
+        timing["timing/reward_s"] = time.time() - t0
+
+        batch = collate(completions, uids, self.tokenizer.pad_token_id)
+        batch.task_types = [t.task_type for t in owners]
+        batch.scores_B = torch.tensor([s.total for s in scores], dtype=torch.float32)
+
+        t0 = time.time()
+        extra = self.prepare_old_and_ref(batch)
+        kl_metrics = self.compute_advantages(batch)
+        timing["timing/logprob_s"] = time.time() - t0
+
+        t0 = time.time()
+        actor_metrics = self.actor.update(batch)
+        timing["timing/train_s"] = time.time() - t0
+        timing["timing/step_s"] = time.time() - t_step
+        return step_metrics(
+            batch,
+            completions,
+            scores,
+            timing,
+            {**extra, **kl_metrics, **actor_metrics, "reward/nonfinite": float(nonfinite)},
+            self.sampler.state.epoch,
+        )
+
+    # ---- stages --------------------------------------------------------------------------------
+    def rollout(self, tasks: list[Task]) -> tuple[list[Completion], list[str], list[Task]]:
+        """n completions per task; every completion of a task shares one fresh group uid."""
+        d = self.cfg.data
+        comps = rollout_tasks(
+            self.generator, self.tokenizer, tasks, self.sampling, d.max_prompt_length, d.truncation
+        )
+        group = [uuid.uuid4().hex for _ in tasks]
+        return comps, [group[c.prompt_index] for c in comps], [tasks[c.prompt_index] for c in comps]
+
+    def reward(
+        self, owners: list[Task], completions: list[Completion], step: int
+    ) -> tuple[list[Score], int]:
+        scores, bad = [], 0
+        for task, comp in zip(owners, completions):
+            s = score(task, solution_text(self.tokenizer, comp), step, self.flags)
+            if not is_finite(s):
+                if self.cfg.reward.nan_policy == "error":
+                    raise NonFiniteReward(f"non-finite reward {s} for task {task.task_id}")
+                bad += 1
+                s = Score(0.0, 0.0, 0.0, 0.0, s.format_ok, s.exact_call)
+            scores.append(s)
+        return scores, bad
+
+    def prepare_old_and_ref(self, batch: Batch) -> dict[str, float]:
+        """Old log-probs (reused from generation when the update is exactly on-policy), reference
+        log-probs when KL is on, and values for GAE."""
+        a = self.cfg.actor_rollout_ref.actor
+        on_policy = (
+            a.ppo_epochs == 1
+            and a.ppo_mini_batch_size >= self.cfg.data.train_batch_size
+            and not self.sampling.truncated
+            and self.cfg.algorithm.adv_estimator != "gae"
+        )
+        metrics: dict[str, float] = {"actor/old_logprob_reused": float(on_policy)}
+        if on_policy:
+            batch.old_logprobs_BR = batch.rollout_logprobs_BR
+        else:
+            gae = self.cfg.algorithm.adv_estimator == "gae"
+            batch.old_logprobs_BR, batch.old_values_BR = self.actor.compute_logprobs(
+                batch, with_values=gae
+            )
+            diff = (batch.old_logprobs_BR - batch.rollout_logprobs_BR).abs()
+            metrics["rollout/logprob_diff_mean"] = float(masked_mean(diff, batch.response_mask_BR))
+        if self.actor.needs_ref:
+            batch.ref_logprobs_BR, _ = self.actor.compute_logprobs(batch, reference=True)
+            kl = kl_penalty(batch.old_logprobs_BR, batch.ref_logprobs_BR, a.kl_loss_type)
+            metrics["actor/kl"] = float(masked_mean(kl, batch.response_mask_BR))
+        else:
+            metrics["actor/kl"] = 0.0  # no reference policy: KL is off
+        return metrics
+
+    def compute_advantages(self, batch: Batch) -> dict[str, float]:
+        alg = self.cfg.algorithm
+        token_rewards = token_level_rewards(batch.scores_B, batch.response_mask_BR)
+        metrics: dict[str, float] = {}
+        if alg.use_kl_in_reward:
+            token_rewards, kl = apply_kl_in_reward(
+                token_rewards,
+                batch.old_logprobs_BR,
+                batch.ref_logprobs_BR,
+                batch.response_mask_BR,
+                self.kl_ctrl.value,
+                alg.kl_penalty,
+            )
+            metrics["actor/reward_kl_penalty_coeff"] = self.kl_ctrl.value
+            self.kl_ctrl.update(kl, batch.size)
+        batch.advantages_BR, batch.returns_BR = compute_advantages(
+            alg.adv_estimator,
+            scores_B=token_rewards.sum(-1),
+            response_mask_BT=batch.response_mask_BR,
+            uids=batch.uids,
+            token_rewards_BT=token_rewards,
+            values_BT=batch.old_values_BR,
+            gamma=alg.gamma,
+            lam=alg.lam,
+            norm_adv_by_std_in_grpo=alg.norm_adv_by_std_in_grpo,
+        )
+        return metrics
+
+    def validate(self, step: int) -> dict[str, float]:
+        d, vk = self.cfg.data, self.cfg.actor_rollout_ref.rollout.val_kwargs
+        tasks = load_tasks(d.val_files, d.bad_rows, -1, check_task).tasks
+        params = SamplingParams(
+            n=vk.n,
+            temperature=vk.temperature if vk.do_sample else 1.0,
+            top_p=vk.top_p,
+            top_k=vk.top_k,
+            max_new_tokens=d.max_response_length,
+            do_sample=vk.do_sample,
+        )
+        res = evaluate(
+            self.generator, self.tokenizer, tasks, params, d.max_prompt_length, step, self.flags,
+            batch_size=d.val_batch_size,
+        )
+        return res.metrics("val")
+
+    # ---- checkpoints ---------------------------------------------------------------------------
+    def save_checkpoint(self) -> Path:
+        return ckpt_state.save(self, self.step)
+
+    def _resume(self) -> None:
+        ckpt = ckpt_state.find_resume_point(self.cfg.trainer.resume, self.out)
+        if ckpt is not None:
+            self.step = ckpt_state.load(self, ckpt)
+            log.info("resumed from %s at step %d", ckpt, self.step)
+
