@@ -19,6 +19,7 @@ class DataConfig:
     max_prompt_length: int = 1024
     max_response_length: int = 192
     truncation: str = "left"  # "left" | "error": what to do with prompts over max_prompt_length
+    filter_overlong_prompts: bool = True  # drop tasks whose prompt exceeds max_prompt_length
     shuffle: bool = True
     seed: int = 0
     bad_rows: str = "skip"  # "skip" reports and drops malformed rows; "error" refuses the file
@@ -28,7 +29,7 @@ class DataConfig:
 @dataclass
 class ModelConfig:
     path: str = "smollm2-135m-toolrl"  # HF dir, .gguf file, or alias (see toolgrpo.models.registry)
-    dtype: str = "bfloat16"  # compute dtype (autocast); trainable parameters stay float32
+    dtype: str = "auto"  # compute dtype: auto = bf16 where the CPU has it natively, else fp32
     lora_rank: int = 0  # 0 = full fine-tuning
     lora_alpha: int = 16
     lora_dropout: float = 0.0
@@ -151,7 +152,9 @@ class RllaRewardConfig:
 @dataclass
 class RewardConfig:
     rlla: RllaRewardConfig = field(default_factory=RllaRewardConfig)
-    nan_policy: str = "error"  # "error" stops with the offending sample; "zero" scores it 0 and counts it
+    nan_policy: str = (
+        "error"  # "error" stops with the offending sample; "zero" scores it 0 and counts it
+    )
 
 
 @dataclass

@@ -23,7 +23,12 @@ def _positive(value: float, key: str) -> None:
 
 def validate_train_config(cfg: TrainConfig) -> None:
     """Raise ConfigError naming the key for any setting the trainer cannot honour."""
-    d, a, r, alg = cfg.data, cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout, cfg.algorithm
+    d, a, r, alg = (
+        cfg.data,
+        cfg.actor_rollout_ref.actor,
+        cfg.actor_rollout_ref.rollout,
+        cfg.algorithm,
+    )
     _one_of(alg.adv_estimator, ADV_ESTIMATORS, "algorithm.adv_estimator")
     _one_of(a.loss_agg_mode, AGG_MODES, "actor_rollout_ref.actor.loss_agg_mode")
     _one_of(a.kl_loss_type, KL_KINDS, "actor_rollout_ref.actor.kl_loss_type")
@@ -33,7 +38,7 @@ def validate_train_config(cfg: TrainConfig) -> None:
     _one_of(d.truncation, ("left", "error"), "data.truncation")
     _one_of(d.bad_rows, ("skip", "error"), "data.bad_rows")
     _one_of(cfg.reward.nan_policy, ("error", "zero"), "reward.nan_policy")
-    _one_of(cfg.actor_rollout_ref.model.dtype, ("bfloat16", "float32"), "model.dtype")
+    _one_of(cfg.actor_rollout_ref.model.dtype, ("auto", "bfloat16", "float32"), "model.dtype")
     for key, value in [
         ("data.train_batch_size", d.train_batch_size),
         ("data.max_prompt_length", d.max_prompt_length),

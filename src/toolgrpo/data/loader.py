@@ -28,7 +28,7 @@ RLLA_RESPONSE_THOUGHT = "<think> I should directly respond to the user's need. <
 
 
 class DataError(ValueError):
-    """A dataset that cannot be used as asked (missing, empty, or malformed under bad_rows=error)."""
+    """A dataset that cannot be used as asked (missing, empty, malformed with bad_rows=error)."""
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,7 @@ def read_rows(path: str | Path) -> Iterator[dict[str, Any] | Exception]:
 
 
 def row_to_task(row: Any, source: str, index: int) -> Task:
-    """Validate one verl-schema row and turn it into a ``Task``; raises ValueError with the reason."""
+    """Validate one verl-schema row and turn it into a ``Task``; ValueError says why not."""
     if not isinstance(row, dict):
         raise ValueError(f"row is {type(row).__name__}, not an object")
     prompt = row.get("prompt")
@@ -100,7 +100,12 @@ def row_to_task(row: Any, source: str, index: int) -> Task:
         ground_truth=gt,
         data_source=data_source,
         task_type=str(task_type),
-        meta={"index": idx, "split": extra.get("split"), "row": index},
+        meta={
+            "index": idx,
+            "split": extra.get("split"),
+            "row": index,
+            **({"output_sft": extra["output_sft"]} if "output_sft" in extra else {}),
+        },
     )
 
 
@@ -146,7 +151,9 @@ def _embedded_rows(name: str) -> Iterator[dict[str, Any] | Exception]:
             elif prompt_key([row["instruction"], row["input"]]) not in held_out:
                 yield sft_row_to_rl_row(row, i)
     else:
-        raise DataError(f"unknown embedded dataset 'rlla:{name}' (have rlla:train, rlla:test, rlla:sft)")
+        raise DataError(
+            f"unknown embedded dataset 'rlla:{name}' (have rlla:train, rlla:test, rlla:sft)"
+        )
 
 
 def prompt_key(contents: Iterable[str]) -> str:

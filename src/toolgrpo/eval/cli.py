@@ -62,7 +62,14 @@ def run_eval(
     gen = HFGenerator(policy.model, policy.tokenizer, policy.dtype, d.val_batch_size)
     flags = RllaFlags(**vars(cfg.reward.rlla))
     res = evaluate(
-        gen, policy.tokenizer, tasks, params, d.max_prompt_length, 0, flags, keep_samples,
+        gen,
+        policy.tokenizer,
+        tasks,
+        params,
+        d.max_prompt_length,
+        0,
+        flags,
+        keep_samples,
         d.val_batch_size,
     )
     record = {"model": label, "val_files": d.val_files, **res.to_dict()}

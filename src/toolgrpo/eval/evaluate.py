@@ -76,14 +76,17 @@ def evaluate(
         chunk = tasks[s : s + batch_size]
         completions.extend(rollout_tasks(generator, tokenizer, chunk, params, max_prompt_length))
     owners = [t for t in tasks for _ in range(params.n)]
-    scores = [score(t, solution_text(tokenizer, c), step, flags) for t, c in zip(owners, completions)]
+    scores = [
+        score(t, solution_text(tokenizer, c), step, flags)
+        for t, c in zip(owners, completions, strict=True)
+    ]
     samples = [
         {
             "task_id": t.task_id,
             "response": tokenizer.decode(c.token_ids, skip_special_tokens=True),
             **asdict(s),
         }
-        for t, c, s in list(zip(owners, completions, scores))[:keep_samples]
+        for t, c, s in list(zip(owners, completions, scores, strict=True))[:keep_samples]
     ]
     return EvalResult(
         num_tasks=len(tasks),

@@ -18,7 +18,9 @@ from torch.utils.checkpoint import checkpoint
 class ResponseLogprobs:
     logprobs_BR: torch.Tensor  # float32
     entropy_BR: torch.Tensor | None = None
-    hidden_BR: torch.Tensor | None = None  # final hidden state at the position predicting each token
+    hidden_BR: torch.Tensor | None = (
+        None  # final hidden state at the position predicting each token
+    )
 
 
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -82,3 +84,88 @@ def response_logprobs(
         entropy_BR=torch.cat(ents, dim=1) if with_entropy else None,
         hidden_BR=hidden if with_hidden else None,
     )
+
+
+def shared_prefix_logprobs(
+    causal_lm: Any,
+    prompt_ids: torch.Tensor,
+    response_ids: torch.Tensor,
+    temperature: float = 1.0,
+    chunk_size: int = 64,
+    with_entropy: bool = False,
+    with_hidden: bool = False,
+) -> ResponseLogprobs:
+    """Like ``response_logprobs`` for n responses ``[n, R]`` that share one prompt ``[P]``: the
+    prompt runs once and its KV cache (gradient included) is shared, so a group costs
+    ``P + n·R`` tokens instead of ``n·(P + R)`` — the prompt dominates RLLA-sized inputs.
+
+    Right padding in ``response_ids`` is harmless: causal attention never lets a real token see a
+    later pad, and pad positions are masked out of every loss.
+    """
+    from transformers import DynamicCache
+
+    backbone = causal_lm.get_decoder()
+    head = causal_lm.get_output_embeddings()
+    n, r = response_ids.shape
+    p = prompt_ids.shape[0]
+    cache = DynamicCache(config=causal_lm.config)
+    first = backbone(input_ids=prompt_ids.view(1, p), past_key_values=cache, use_cache=True)
+    h_last = first.last_hidden_state[:, -1:]  # predicts response token 0
+    hidden = h_last.expand(n, 1, -1)
+    if r > 1:
+        cache.batch_repeat_interleave(n)
+        rest = backbone(
+            input_ids=response_ids[:, :-1],
+            past_key_values=cache,
+            position_ids=torch.arange(p, p + r - 1).expand(n, -1),
+            use_cache=True,
+        )
+        hidden = torch.cat([hidden, rest.last_hidden_state], dim=1)
+    lps, ents = [], []
+    grad = torch.is_grad_enabled()
+    for s in range(0, r, chunk_size):
+        h, t = hidden[:, s : s + chunk_size], response_ids[:, s : s + chunk_size]
+        if grad:
+            lp, ent = checkpoint(
+                _chunk_stats, head, h, t, temperature, with_entropy, use_reentrant=False
+            )
+        else:
+            lp, ent = _chunk_stats(head, h, t, temperature, with_entropy)
+        lps.append(lp)
+        ents.append(ent)
+    return ResponseLogprobs(
+        logprobs_BR=torch.cat(lps, dim=1),
+        entropy_BR=torch.cat(ents, dim=1) if with_entropy else None,
+        hidden_BR=hidden if with_hidden else None,
+    )
+
+
+def masked_token_logprobs(
+    causal_lm: Any,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    target_mask: torch.Tensor,
+    chunk_size: int = 256,
+) -> torch.Tensor:
+    """Log-probs of the tokens where ``target_mask`` is 1 (flattened, row-major), computing the
+    LM head only at those positions: SFT's loss on assistant tokens without [B, T, V] logits."""
+    backbone = causal_lm.get_decoder()
+    head = causal_lm.get_output_embeddings()
+    out = backbone(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids_from_mask(attention_mask),
+        use_cache=False,
+    )
+    select = target_mask[:, 1:].bool()
+    hidden = out.last_hidden_state[:, :-1][select]  # [N, H]: positions predicting a target
+    targets = input_ids[:, 1:][select]
+    lps = []
+    for s in range(0, hidden.shape[0], chunk_size):
+        h, t = hidden[None, s : s + chunk_size], targets[None, s : s + chunk_size]
+        if torch.is_grad_enabled():
+            lp, _ = checkpoint(_chunk_stats, head, h, t, 1.0, False, use_reentrant=False)
+        else:
+            lp, _ = _chunk_stats(head, h, t, 1.0, False)
+        lps.append(lp[0])
+    return torch.cat(lps) if lps else hidden.new_zeros(0)

@@ -17,7 +17,7 @@ SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 _CORPUS = [
     "<think> I should use the appropriate tool with proper parameters to respond. </think>",
-    "<tool_call>\n{\"name\": \"search\", \"parameters\": {\"query\": \"weather in Paris\"}}\n</tool_call>",
+    '<tool_call>\n{"name": "search", "parameters": {"query": "weather in Paris"}}\n</tool_call>',
     "<response> The answer is 42. </response>",
     "You are a helpful multi-turn dialogue assistant capable of leveraging tool calls.",
     "**Available Tools** In your response, you can use the following tools: Name Description",

@@ -1,4 +1,4 @@
-"""The generation contract every backend (HF now, vLLM later) fulfils: token ids in, ids + log-probs out."""
+"""The generation contract every backend fulfils: token ids in, sampled ids + log-probs out."""
 
 from __future__ import annotations
 

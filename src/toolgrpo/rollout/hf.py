@@ -62,20 +62,42 @@ class HFGenerator:
         self.pad_id = tokenizer.pad_token_id
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
-        rows = [(i, p) for i, p in enumerate(prompts) for _ in range(params.n)]
+        per_call = max(1, self.batch_size // params.n)  # prompts per generate() call
         out: list[Completion] = []
-        for s in range(0, len(rows), self.batch_size):
-            out.extend(self._generate_batch(rows[s : s + self.batch_size], params))
+        for s in range(0, len(prompts), per_call):
+            chunk = list(enumerate(prompts[s : s + per_call], start=s))
+            out.extend(self._generate_batch(chunk, params))
         return out
 
+    def _prefill(self, ids: torch.Tensor, mask: torch.Tensor, n: int) -> Any:
+        """Run each distinct prompt once (all but its last token) and share the KV cache among
+        its n samples: for ~800-token tool prompts, prefill otherwise costs n times over."""
+        from transformers import DynamicCache
+
+        if ids.shape[1] < 2:
+            return None
+        cache = DynamicCache(config=self.model.config)
+        m = mask[:, :-1]
+        self.model(
+            input_ids=ids[:, :-1],
+            attention_mask=m,
+            position_ids=(m.cumsum(-1) - 1).clamp(min=0),
+            past_key_values=cache,
+            use_cache=True,
+        )
+        if n > 1:
+            cache.batch_repeat_interleave(n)
+        return cache
+
     @torch.no_grad()
-    def _generate_batch(self, rows: list[tuple[int, list[int]]], params: SamplingParams):
-        width = max(len(p) for _, p in rows)
-        ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for r, (_, p) in enumerate(rows):
+    def _generate_batch(self, prompts: list[tuple[int, list[int]]], params: SamplingParams):
+        width = max(len(p) for _, p in prompts)
+        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for r, (_, p) in enumerate(prompts):
             ids[r, width - len(p) :] = torch.tensor(p, dtype=torch.long)
             mask[r, width - len(p) :] = 1
+        rows = [row for row in prompts for _ in range(params.n)]
         recorder = _LogprobRecorder()
         processors: list[LogitsProcessor] = []
         if params.do_sample:
@@ -100,9 +122,11 @@ class HFGenerator:
         try:
             enabled = self.dtype != torch.float32
             with torch.autocast("cpu", dtype=self.dtype, enabled=enabled):
+                cache = self._prefill(ids, mask, params.n)
                 seqs = self.model.generate(
-                    input_ids=ids,
-                    attention_mask=mask,
+                    input_ids=ids.repeat_interleave(params.n, dim=0),
+                    attention_mask=mask.repeat_interleave(params.n, dim=0),
+                    past_key_values=cache,
                     generation_config=gen_cfg,
                     logits_processor=LogitsProcessorList(processors),
                 )

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 
 class PromptTooLong(ValueError):
@@ -28,3 +31,18 @@ def render_prompt(
     if truncation == "error":
         raise PromptTooLong(f"prompt has {len(ids)} tokens > data.max_prompt_length={max_length}")
     raise ValueError(f"data.truncation must be 'left' or 'error', got {truncation!r}")
+
+
+def filter_overlong(tokenizer: Any, tasks: Sequence[Any], max_length: int) -> list[Any]:
+    """Tasks whose rendered prompt fits ``max_length`` (verl's ``filter_overlong_prompts``)."""
+    kept = [t for t in tasks if len(render_prompt(tokenizer, t.messages, 10**9)) <= max_length]
+    if not kept:
+        raise ValueError(f"every prompt exceeds data.max_prompt_length={max_length}")
+    if len(kept) < len(tasks):
+        log.warning(
+            "dropped %d of %d prompts over %d tokens",
+            len(tasks) - len(kept),
+            len(tasks),
+            max_length,
+        )
+    return kept

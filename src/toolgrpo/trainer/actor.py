@@ -16,8 +16,9 @@ import torch
 from toolgrpo.algos import agg_loss, get_policy_loss, kl_loss, value_loss
 from toolgrpo.config.schema import TrainConfig
 from toolgrpo.models.loading import Policy, load_policy, trainable_parameters
-from toolgrpo.models.logprobs import response_logprobs
-from toolgrpo.trainer.batch import Batch, microbatch_indices, minibatch_indices
+from toolgrpo.models.logprobs import response_logprobs, shared_prefix_logprobs
+from toolgrpo.trainer.batch import Batch, microbatch_indices, minibatch_indices, prompt_groups
+from toolgrpo.trainer.optim import lr_factor
 
 
 def _trim(b: Batch) -> tuple[torch.Tensor, torch.Tensor, int]:
@@ -28,6 +29,16 @@ def _trim(b: Batch) -> tuple[torch.Tensor, torch.Tensor, int]:
     start = int(live[0]) if len(live) else P - 1
     r = max(1, int(b.response_mask_BR.sum(1).max().item()))
     return b.input_ids_BT[:, start : P + r], b.attention_mask_BT[:, start : P + r], r
+
+
+def _shared_prompt(ids: torch.Tensor, attn: torch.Tensor, r: int) -> torch.Tensor | None:
+    """The common prompt of a micro-batch whose rows all share it (one GRPO group), else None."""
+    prompt_ids, prompt_mask = ids[:, :-r], attn[:, :-r]
+    if ids.shape[0] < 2 or not bool((prompt_mask == prompt_mask[:1]).all()):
+        return None
+    if not bool((prompt_ids == prompt_ids[:1]).all()):
+        return None
+    return prompt_ids[0][prompt_mask[0].bool()]
 
 
 def _pad_right(x: torch.Tensor, width: int) -> torch.Tensor:
@@ -54,7 +65,7 @@ class Actor:
             groups, lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda s: _lr_factor(s, o.lr_warmup_steps, total_steps, o)
+            self.optimizer, lambda s: lr_factor(s, o.lr_warmup_steps, total_steps, o)
         )
         self.ref: Policy | None = None
         self.needs_ref = acfg.use_kl_loss or cfg.algorithm.use_kl_in_reward
@@ -70,7 +81,7 @@ class Actor:
         micro = self.cfg.actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu
         out = torch.zeros_like(batch.response_mask_BR)
         values = torch.zeros_like(batch.response_mask_BR) if with_values else None
-        for rows in microbatch_indices(range(batch.size), micro):
+        for rows in _group_micro(batch, micro):
             lp, _, v = self._forward(batch.select(rows), reference, False, with_values)
             out[rows] = _pad_right(lp, batch.response_length)
             if values is not None and v is not None:
@@ -80,11 +91,19 @@ class Actor:
     def _forward(self, mb: Batch, reference: bool, entropy: bool, values: bool):
         ids, attn, r = _trim(mb)
         policy = self.ref if (reference and self.ref is not None) else self.policy
-        ctx = self.policy.model.disable_adapter() if reference and self.ref is None else nullcontext()
+        ctx = (
+            self.policy.model.disable_adapter() if reference and self.ref is None else nullcontext()
+        )
+        prompt = _shared_prompt(ids, attn, r)
         with ctx, policy.autocast():
-            res = response_logprobs(
-                policy.base, ids, attn, r, self.temperature, self.chunk, entropy, values
-            )
+            if prompt is not None:
+                res = shared_prefix_logprobs(
+                    policy.base, prompt, ids[:, -r:], self.temperature, self.chunk, entropy, values
+                )
+            else:
+                res = response_logprobs(
+                    policy.base, ids, attn, r, self.temperature, self.chunk, entropy, values
+                )
         v = None
         if values and self.value_head is not None:
             v = self.value_head(res.hidden_BR.float()).squeeze(-1)
@@ -102,8 +121,7 @@ class Actor:
                 mini = batch.select(rows)
                 self.optimizer.zero_grad(set_to_none=True)
                 denom = _agg_count(mini.response_mask_BR, acfg.loss_agg_mode)
-                micro = acfg.ppo_micro_batch_size_per_gpu
-                for micro_rows in microbatch_indices(range(mini.size), micro):
+                for micro_rows in _group_micro(mini, acfg.ppo_micro_batch_size_per_gpu):
                     mb = mini.select(micro_rows)
                     w = _agg_count(mb.response_mask_BR, acfg.loss_agg_mode) / max(denom, 1)
                     if w == 0:
@@ -176,18 +194,13 @@ class Actor:
         return loss, metrics
 
 
+def _group_micro(batch: Batch, micro: int) -> list[list[int]]:
+    """Micro-batches that never mix prompts, so each can share its prompt's forward pass."""
+    return [chunk for g in prompt_groups(batch) for chunk in microbatch_indices(g, micro)]
+
+
 def _agg_count(mask: torch.Tensor, mode: str) -> float:
     """What a loss aggregation divides by: tokens for token-mean, non-empty sequences otherwise."""
     if mode == "token-mean":
         return float(mask.sum())
     return float((mask.sum(1) > 0).sum())
-
-
-def _lr_factor(step: int, warmup: int, total: int, o: Any) -> float:
-    if warmup > 0 and step < warmup:
-        return (step + 1) / warmup
-    if o.warmup_style == "cosine" and total > warmup:
-        progress = min(1.0, (step - warmup) / max(1, total - warmup))
-        cos = 0.5 * (1 + math.cos(math.pi * progress))
-        return o.min_lr_ratio + (1 - o.min_lr_ratio) * cos
-    return 1.0

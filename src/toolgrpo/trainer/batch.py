@@ -86,3 +86,13 @@ def minibatch_indices(uids: Sequence[str], groups_per_minibatch: int) -> list[li
 def microbatch_indices(rows: Sequence[int], micro_size: int) -> list[list[int]]:
     rows = list(rows)
     return [rows[s : s + micro_size] for s in range(0, len(rows), max(1, micro_size))]
+
+
+def prompt_groups(batch: Batch) -> list[list[int]]:
+    """Row indices grouped by identical prompt tokens, in first-seen order."""
+    P = batch.input_ids_BT.shape[1] - batch.response_length
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for i in range(batch.size):
+        key = tuple(batch.input_ids_BT[i, :P][batch.attention_mask_BT[i, :P].bool()].tolist())
+        groups.setdefault(key, []).append(i)
+    return list(groups.values())

@@ -45,8 +45,8 @@ def write_checkpoint(
     write_payload: Any,
     keep: int = 2,
 ) -> Path:
-    """Create ``global_step_{step}``: ``write_payload(tmp_dir)`` writes weights, then the state file,
-    then one rename publishes it. Older checkpoints beyond ``keep`` are removed afterwards."""
+    """Create ``global_step_{step}``: ``write_payload(tmp_dir)`` writes weights, then the state
+    file, then one rename publishes it. Older checkpoints beyond ``keep`` are removed afterwards."""
     root = checkpoint_root(output_dir)
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"global_step_{step}"

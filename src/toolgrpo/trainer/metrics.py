@@ -16,7 +16,7 @@ from toolgrpo.trainer.batch import Batch
 def group_stats(uids: Sequence[str], totals: Sequence[float]) -> dict[str, float]:
     """How many groups carry signal: a group whose scores are all equal has advantage 0."""
     groups: dict[str, list[float]] = defaultdict(list)
-    for u, s in zip(uids, totals):
+    for u, s in zip(uids, totals, strict=True):
         groups[u].append(s)
     flat = sum(1 for g in groups.values() if max(g) == min(g))
     return {"reward/groups_all_equal_frac": flat / max(len(groups), 1)}
@@ -34,7 +34,11 @@ def step_metrics(
     lengths = [len(c.token_ids) for c in completions]
     tool_rows = [s for s in scores if s.exact_call is not None]
     resp = batch.response_mask_BR.sum(1)
-    adv = batch.advantages_BR[batch.response_mask_BR.bool()] if batch.advantages_BR is not None else None
+    adv = (
+        batch.advantages_BR[batch.response_mask_BR.bool()]
+        if batch.advantages_BR is not None
+        else None
+    )
     m: dict[str, float] = {
         "epoch": float(epoch),
         "reward/mean": fmean(totals),
@@ -50,7 +54,9 @@ def step_metrics(
         ),
         "response_length/mean": fmean(lengths),
         "response_length/max": float(max(lengths)),
-        "response_length/clip_ratio": fmean(float(c.finish_reason == "length") for c in completions),
+        "response_length/clip_ratio": fmean(
+            float(c.finish_reason == "length") for c in completions
+        ),
         "prompt_length/mean": fmean(len(c.prompt_ids) for c in completions),
         "tokens/generated": float(sum(lengths)),
         "tokens/generated_per_s": float(sum(lengths)) / max(timing.get("timing/gen_s", 0.0), 1e-9),
@@ -64,7 +70,7 @@ def step_metrics(
         **extra,
     }
     by_type: dict[str, list[float]] = defaultdict(list)
-    for t, s in zip(batch.task_types, totals):
+    for t, s in zip(batch.task_types, totals, strict=True):
         by_type[t].append(s)
     if len(by_type) > 1:
         for t, vals in by_type.items():

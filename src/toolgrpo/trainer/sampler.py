@@ -19,7 +19,12 @@ class TaskSampler:
             raise ValueError(
                 f"data.train_batch_size={batch_size} exceeds the {num_tasks} usable training tasks"
             )
-        self.num_tasks, self.batch_size, self.seed, self.shuffle = num_tasks, batch_size, seed, shuffle
+        self.num_tasks, self.batch_size, self.seed, self.shuffle = (
+            num_tasks,
+            batch_size,
+            seed,
+            shuffle,
+        )
         self.state = SamplerState()
 
     def _order(self, epoch: int) -> list[int]:

@@ -1,6 +1,6 @@
 """What a training checkpoint holds and how a run resumes from one.
 
-Layout of ``checkpoints/global_step_N``: ``model/`` (safetensors that ``from_pretrained`` loads; LoRA
+Layout of ``checkpoints/global_step_N``: ``model/`` (safetensors ``from_pretrained`` loads; LoRA
 merged), ``adapter/`` (LoRA runs), ``optimizer.pt`` (optimizer, scheduler, value head, KL
 controller), ``trainer_state.json`` (step, sampler position, config) — written last.
 """
@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from safetensors.torch import load_file
 
 from toolgrpo.config.schema import as_dict
-from toolgrpo.models.loading import save_hf_model
+from toolgrpo.models.loading import Policy, save_hf_model
 from toolgrpo.trainer.checkpoint import (
     latest_checkpoint,
     load_torch,
@@ -68,25 +68,31 @@ def save(trainer: Trainer, step: int) -> Path:
     )
 
 
-def load(trainer: Trainer, ckpt: Path) -> int:
-    """Restore weights, optimizer, sampler and KL state; returns the checkpoint's step."""
-    state = read_state(ckpt)
-    policy, actor = trainer.policy, trainer.actor
-    if state["is_lora"] != policy.is_lora:
-        raise ValueError(f"{ckpt} was saved with is_lora={state['is_lora']}; config disagrees")
+def load_weights(policy: Policy, ckpt: Path, is_lora: bool) -> None:
+    """Load a checkpoint's trainable weights (LoRA adapter, or full model) into ``policy``."""
+    if is_lora != policy.is_lora:
+        raise ValueError(f"{ckpt} was saved with is_lora={is_lora}; the config disagrees")
     if policy.is_lora:
         from peft import set_peft_model_state_dict
 
         weights = load_file(str(ckpt / "adapter" / "adapter_model.safetensors"))
         set_peft_model_state_dict(policy.model, weights)
-    else:
-        weights = {}
-        for f in sorted((ckpt / "model").glob("*.safetensors")):
-            weights.update(load_file(str(f)))
-        missing, unexpected = policy.model.load_state_dict(weights, strict=False)
-        tied = {k for k in missing if "lm_head" in k} if policy.model.config.tie_word_embeddings else set()
-        if set(missing) - tied or unexpected:
-            raise ValueError(f"{ckpt}: weights do not fit the model ({missing}, {unexpected})")
+        return
+    weights = {}
+    for f in sorted((ckpt / "model").glob("*.safetensors")):
+        weights.update(load_file(str(f)))
+    missing, unexpected = policy.model.load_state_dict(weights, strict=False)
+    tied = policy.model.config.tie_word_embeddings
+    allowed = {k for k in missing if "lm_head" in k} if tied else set()
+    if set(missing) - allowed or unexpected:
+        raise ValueError(f"{ckpt}: weights do not fit the model ({missing}, {unexpected})")
+
+
+def load(trainer: Trainer, ckpt: Path) -> int:
+    """Restore weights, optimizer, sampler and KL state; returns the checkpoint's step."""
+    state = read_state(ckpt)
+    policy, actor = trainer.policy, trainer.actor
+    load_weights(policy, ckpt, state["is_lora"])
     opt = load_torch(ckpt / "optimizer.pt")
     actor.optimizer.load_state_dict(opt["optimizer"])
     actor.scheduler.load_state_dict(opt["scheduler"])

@@ -15,6 +15,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 CONSOLE_KEYS = (
+    "train/loss",
+    "train/lr",
     "reward/mean",
     "reward/format/mean",
     "reward/correctness/mean",
@@ -54,6 +56,7 @@ class Tracker:
         total_steps: int,
         start_step: int = 0,
         console: Console | None = None,
+        title: str = "train",
     ) -> None:
         unknown = set(backends) - {"console", "jsonl", "tensorboard"}
         if unknown:
@@ -72,7 +75,7 @@ class Tracker:
         self.progress = None
         if "console" in backends:
             self.progress = Progress(
-                TextColumn("[bold]GRPO"),
+                TextColumn(f"[bold]{title}"),
                 BarColumn(),
                 MofNCompleteColumn(),
                 TimeRemainingColumn(),

@@ -33,6 +33,7 @@ from toolgrpo.rewards.scoring import Score, check_task, is_finite, score
 from toolgrpo.rewards.types import RllaFlags
 from toolgrpo.rollout.generator import Completion, SamplingParams
 from toolgrpo.rollout.hf import HFGenerator
+from toolgrpo.rollout.prompts import filter_overlong
 from toolgrpo.rollout.single_turn import rollout_tasks, solution_text
 from toolgrpo.trainer import state as ckpt_state
 from toolgrpo.trainer.actor import Actor
@@ -57,13 +58,12 @@ class Trainer:
         torch.manual_seed(cfg.trainer.seed)
         self.out = Path(cfg.trainer.output_dir)
         self.out.mkdir(parents=True, exist_ok=True)
-        data = load_tasks(cfg.data.train_files, cfg.data.bad_rows, cfg.data.max_samples, check_task)
-        self.tasks, self.data_problems = data.tasks, data.problems
+        self.policy = load_policy(cfg.actor_rollout_ref.model)
+        self.tokenizer = self.policy.tokenizer
+        self.tasks = self._load(cfg.data.train_files, cfg.data.max_samples)
         self.sampler = TaskSampler(
             len(self.tasks), cfg.data.train_batch_size, cfg.data.seed, cfg.data.shuffle
         )
-        self.policy = load_policy(cfg.actor_rollout_ref.model)
-        self.tokenizer = self.policy.tokenizer
         r = cfg.actor_rollout_ref.rollout
         self.generator = HFGenerator(
             self.policy.model, self.tokenizer, self.policy.dtype, r.generation_batch_size
@@ -82,6 +82,13 @@ class Trainer:
         self.flags = RllaFlags(**asdict(cfg.reward.rlla))
         self.step = 0
         self._resume()
+
+    def _load(self, files: list[str], max_samples: int = -1) -> list[Task]:
+        d = self.cfg.data
+        tasks = load_tasks(files, d.bad_rows, max_samples, check_task).tasks
+        if d.filter_overlong_prompts:
+            tasks = filter_overlong(self.tokenizer, tasks, d.max_prompt_length)
+        return tasks
 
     # ---- the loop ----------------------------------------------------------------------------
     def fit(self) -> list[dict[str, Any]]:
@@ -157,7 +164,7 @@ class Trainer:
         self, owners: list[Task], completions: list[Completion], step: int
     ) -> tuple[list[Score], int]:
         scores, bad = [], 0
-        for task, comp in zip(owners, completions):
+        for task, comp in zip(owners, completions, strict=True):
             s = score(task, solution_text(self.tokenizer, comp), step, self.flags)
             if not is_finite(s):
                 if self.cfg.reward.nan_policy == "error":
@@ -225,7 +232,7 @@ class Trainer:
 
     def validate(self, step: int) -> dict[str, float]:
         d, vk = self.cfg.data, self.cfg.actor_rollout_ref.rollout.val_kwargs
-        tasks = load_tasks(d.val_files, d.bad_rows, -1, check_task).tasks
+        tasks = self._load(d.val_files)
         params = SamplingParams(
             n=vk.n,
             temperature=vk.temperature if vk.do_sample else 1.0,
@@ -235,7 +242,13 @@ class Trainer:
             do_sample=vk.do_sample,
         )
         res = evaluate(
-            self.generator, self.tokenizer, tasks, params, d.max_prompt_length, step, self.flags,
+            self.generator,
+            self.tokenizer,
+            tasks,
+            params,
+            d.max_prompt_length,
+            step,
+            self.flags,
             batch_size=d.val_batch_size,
         )
         return res.metrics("val")
@@ -249,4 +262,3 @@ class Trainer:
         if ckpt is not None:
             self.step = ckpt_state.load(self, ckpt)
             log.info("resumed from %s at step %d", ckpt, self.step)
-
