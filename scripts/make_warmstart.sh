@@ -5,8 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-outputs/sft_smollm2_toolrl}
 toolgrpo sft configs/sft_smollm2_toolrl.yaml trainer.output_dir="$out" trainer.logger='[console,jsonl]'
-toolgrpo eval actor_rollout_ref.model.path=smollm2-135m actor_rollout_ref.model.adapter_path="$out/adapter" \
-  --output "$out/eval_test.json"
+toolgrpo eval --output "$out/eval_test.json" configs/grpo_smollm2_rlla.yaml \
+  actor_rollout_ref.model.path=smollm2-135m actor_rollout_ref.model.adapter_path="$out/adapter"
 if [ "${INSTALL_ADAPTER:-0}" = 1 ]; then
   dest=src/toolgrpo/models/adapters/smollm2-135m-toolrl
   mkdir -p "$dest"

@@ -101,6 +101,7 @@ def ppo_policy_loss(
     clip_ratio_c: float = 3.0,
     loss_agg_mode: str = "token-mean",
     is_weights_BT: torch.Tensor | None = None,
+    loss_scale_factor: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """PPO clipped surrogate with asymmetric clip (DAPO clip-higher) and dual clip for A < 0.
 
@@ -125,7 +126,7 @@ def ppo_policy_loss(
         if is_weights_BT.shape != pg_losses.shape:
             raise ValueError("is_weights_BT must have the same shape as the logprobs")
         pg_losses = pg_losses * is_weights_BT.detach()
-    loss = agg_loss(pg_losses, mask, loss_agg_mode)
+    loss = agg_loss(pg_losses, mask, loss_agg_mode, loss_scale_factor)
     with torch.no_grad():
         clipped = (loss_clipped > loss_unclipped).to(ratio.dtype)
         lower = ((loss_clip > loss_dual) & (adv < 0)).to(ratio.dtype)
@@ -157,9 +158,11 @@ def kl_loss(
     mask: torch.Tensor,
     kind: str = "low_var_kl",
     agg_mode: str = "token-mean",
+    loss_scale_factor: float | None = None,
 ) -> torch.Tensor:
     """KL-to-reference loss term (verl use_kl_loss): agg_loss(kl_penalty(logp, ref, kind))."""
-    return agg_loss(kl_penalty(logprobs, ref_logprobs.detach(), kind), mask, agg_mode)
+    kl = kl_penalty(logprobs, ref_logprobs.detach(), kind)
+    return agg_loss(kl, mask, agg_mode, loss_scale_factor)
 
 
 def value_loss(

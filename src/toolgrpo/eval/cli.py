@@ -43,6 +43,10 @@ def run_eval(
     keep_samples: int,
 ) -> int:
     cfg = load_config(TrainConfig, config_path, overrides)
+    if cfg.trainer.num_threads > 0:
+        import torch
+
+        torch.set_num_threads(cfg.trainer.num_threads)
     label = cfg.actor_rollout_ref.model.path
     if checkpoint:
         label = apply_checkpoint(cfg, checkpoint)

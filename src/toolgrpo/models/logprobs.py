@@ -43,6 +43,35 @@ def _chunk_stats(
     return lp, ent
 
 
+def _head_stats(
+    head: torch.nn.Module,
+    hidden: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: float,
+    chunk_size: int,
+    with_entropy: bool,
+    with_hidden: bool,
+) -> ResponseLogprobs:
+    """LM head over ``hidden [B, R, H]`` in chunks along R, each recomputed in backward."""
+    lps, ents = [], []
+    grad = torch.is_grad_enabled()
+    for s in range(0, targets.shape[1], chunk_size):
+        h, t = hidden[:, s : s + chunk_size], targets[:, s : s + chunk_size]
+        if grad:
+            lp, ent = checkpoint(
+                _chunk_stats, head, h, t, temperature, with_entropy, use_reentrant=False
+            )
+        else:
+            lp, ent = _chunk_stats(head, h, t, temperature, with_entropy)
+        lps.append(lp)
+        ents.append(ent)
+    return ResponseLogprobs(
+        logprobs_BR=torch.cat(lps, dim=1),
+        entropy_BR=torch.cat(ents, dim=1) if with_entropy else None,
+        hidden_BR=hidden if with_hidden else None,
+    )
+
+
 def response_logprobs(
     causal_lm: Any,
     input_ids: torch.Tensor,
@@ -67,23 +96,7 @@ def response_logprobs(
     )
     hidden = out.last_hidden_state[:, -response_length - 1 : -1]
     targets = input_ids[:, -response_length:]
-    lps, ents = [], []
-    grad = torch.is_grad_enabled()
-    for s in range(0, response_length, chunk_size):
-        h, t = hidden[:, s : s + chunk_size], targets[:, s : s + chunk_size]
-        if grad:
-            lp, ent = checkpoint(
-                _chunk_stats, head, h, t, temperature, with_entropy, use_reentrant=False
-            )
-        else:
-            lp, ent = _chunk_stats(head, h, t, temperature, with_entropy)
-        lps.append(lp)
-        ents.append(ent)
-    return ResponseLogprobs(
-        logprobs_BR=torch.cat(lps, dim=1),
-        entropy_BR=torch.cat(ents, dim=1) if with_entropy else None,
-        hidden_BR=hidden if with_hidden else None,
-    )
+    return _head_stats(head, hidden, targets, temperature, chunk_size, with_entropy, with_hidden)
 
 
 def shared_prefix_logprobs(
@@ -121,22 +134,8 @@ def shared_prefix_logprobs(
             use_cache=True,
         )
         hidden = torch.cat([hidden, rest.last_hidden_state], dim=1)
-    lps, ents = [], []
-    grad = torch.is_grad_enabled()
-    for s in range(0, r, chunk_size):
-        h, t = hidden[:, s : s + chunk_size], response_ids[:, s : s + chunk_size]
-        if grad:
-            lp, ent = checkpoint(
-                _chunk_stats, head, h, t, temperature, with_entropy, use_reentrant=False
-            )
-        else:
-            lp, ent = _chunk_stats(head, h, t, temperature, with_entropy)
-        lps.append(lp)
-        ents.append(ent)
-    return ResponseLogprobs(
-        logprobs_BR=torch.cat(lps, dim=1),
-        entropy_BR=torch.cat(ents, dim=1) if with_entropy else None,
-        hidden_BR=hidden if with_hidden else None,
+    return _head_stats(
+        head, hidden, response_ids, temperature, chunk_size, with_entropy, with_hidden
     )
 
 

@@ -108,11 +108,11 @@ class HFGenerator:
             if params.top_p < 1.0:
                 processors.append(TopPLogitsWarper(params.top_p))
         processors.append(recorder)
+        # Our warpers above do all the shaping; neutral values keep HF from adding its own.
+        neutral = {"temperature": 1.0, "top_k": 0, "top_p": 1.0} if params.do_sample else {}
         gen_cfg = GenerationConfig(
             do_sample=params.do_sample,
-            temperature=1.0,
-            top_k=0,
-            top_p=1.0,
+            **neutral,
             max_new_tokens=params.max_new_tokens,
             eos_token_id=self.eos_ids,
             pad_token_id=self.pad_id,

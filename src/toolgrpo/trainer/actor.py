@@ -153,6 +153,9 @@ class Actor:
         lp, ent, values = self._forward(mb, False, True, gae)
         r = lp.shape[1]
         mask = mb.response_mask_BR[:, :r]
+        scale = float(
+            self.cfg.data.max_response_length
+        )  # Dr.GRPO's constant, not the trimmed width
         low = acfg.clip_ratio_low if acfg.clip_ratio_low is not None else acfg.clip_ratio
         high = acfg.clip_ratio_high if acfg.clip_ratio_high is not None else acfg.clip_ratio
         pg, pm = get_policy_loss(acfg.policy_loss.loss_mode)(
@@ -164,8 +167,9 @@ class Actor:
             clip_ratio_high=high,
             clip_ratio_c=acfg.clip_ratio_c,
             loss_agg_mode=acfg.loss_agg_mode,
+            loss_scale_factor=scale,
         )
-        entropy = agg_loss(ent, mask, acfg.loss_agg_mode)
+        entropy = agg_loss(ent, mask, acfg.loss_agg_mode, scale)
         loss = pg - acfg.entropy_coeff * entropy
         metrics = {
             "actor/pg_loss": float(pg.detach()),
@@ -175,7 +179,9 @@ class Actor:
             "actor/ppo_kl": pm["ppo_kl"],
         }
         if acfg.use_kl_loss:
-            kl = kl_loss(lp, mb.ref_logprobs_BR[:, :r], mask, acfg.kl_loss_type, acfg.loss_agg_mode)
+            kl = kl_loss(
+                lp, mb.ref_logprobs_BR[:, :r], mask, acfg.kl_loss_type, acfg.loss_agg_mode, scale
+            )
             loss = loss + acfg.kl_loss_coef * kl
             metrics["actor/kl_loss"] = float(kl.detach())
         if gae and values is not None:
