@@ -41,7 +41,7 @@ def _dataclass_type(f: dataclasses.Field) -> type | None:
 
 def _flatten(d: Any, prefix: str = "") -> list[str]:
     if not isinstance(d, dict) or not d:
-        return [prefix.rstrip(".")]
+        return [prefix.rstrip(".")] if prefix else []
     out: list[str] = []
     for k, v in d.items():
         out.extend(_flatten(v, f"{prefix}{k}."))
@@ -69,6 +69,8 @@ def load_config(schema: type[T], path: str | Path | None = None, overrides: list
             raise ConfigError(f"config file not found: {p}")
         try:
             loaded = OmegaConf.load(p)
+            if loaded is None or (hasattr(loaded, "keys") and not loaded.keys()):
+                loaded = OmegaConf.create({})
         except Exception as e:  # yaml errors come in several types
             raise ConfigError(f"cannot parse {p}: {e}") from e
         _check_keys(_flatten(OmegaConf.to_container(loaded)), allowed, str(p))

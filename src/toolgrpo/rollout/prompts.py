@@ -6,6 +6,8 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+from toolgrpo.data.loader import DataError
+
 log = logging.getLogger(__name__)
 
 
@@ -37,7 +39,7 @@ def filter_overlong(tokenizer: Any, tasks: Sequence[Any], max_length: int) -> li
     """Tasks whose rendered prompt fits ``max_length`` (verl's ``filter_overlong_prompts``)."""
     kept = [t for t in tasks if len(render_prompt(tokenizer, t.messages, 10**9)) <= max_length]
     if not kept:
-        raise ValueError(f"every prompt exceeds data.max_prompt_length={max_length}")
+        raise DataError(f"every prompt exceeds data.max_prompt_length={max_length}")
     if len(kept) < len(tasks):
         log.warning(
             "dropped %d of %d prompts over %d tokens",

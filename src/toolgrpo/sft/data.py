@@ -14,6 +14,7 @@ from typing import Any
 
 from toolgrpo.data.loader import DataError, prompt_key, read_rows, test_prompt_keys
 from toolgrpo.data.loader import load_tasks as load_rl_tasks
+from toolgrpo.data.task import ROLES
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +65,11 @@ def _conversations(spec: str, target: str) -> list[tuple[list[dict[str, str]], s
         for i, r in enumerate(rows):
             if not isinstance(r, dict) or not isinstance(r.get("messages"), list):
                 raise DataError(f"{spec} row {i}: 'messages' must be a list")
+            for m in r["messages"]:
+                if not isinstance(m, dict) or m.get("role") not in ROLES:
+                    raise DataError(f"{spec} row {i}: each message needs a role in {ROLES}")
+                if not isinstance(m.get("content"), str):
+                    raise DataError(f"{spec} row {i}: each message needs a string 'content'")
             convs.append(([dict(m) for m in r["messages"]], f"{spec}#{i}"))
         return convs
     for t in load_rl_tasks(spec, bad_rows="error").tasks:

@@ -91,9 +91,9 @@ class SFTTrainer:
             while self.step < self.total_steps:
                 self.step += 1
                 last = self.train_step()
+                tracker.log(last, self.step)  # before saving, as in the GRPO loop
                 if self.cfg.trainer.save_freq > 0 and self.step % self.cfg.trainer.save_freq == 0:
                     self._save()
-                tracker.log(last, self.step)
         finally:
             tracker.close()
         return self._finish(last)

@@ -69,8 +69,12 @@ class Actor:
         )
         self.ref: Policy | None = None
         self.needs_ref = acfg.use_kl_loss or cfg.algorithm.use_kl_in_reward
-        if self.needs_ref and not policy.is_lora:
-            self.ref = load_policy(cfg.actor_rollout_ref.model, trainable=False)
+        # The reference is the starting policy. Only a freshly initialised LoRA equals its base
+        # (adapter disabled); a run that starts from an adapter needs a frozen copy of it.
+        m = cfg.actor_rollout_ref.model
+        fresh_lora = policy.is_lora and policy.resolved.adapter_dir is None and not m.adapter_path
+        if self.needs_ref and not fresh_lora:
+            self.ref = load_policy(m, trainable=False)
 
     # ---- no-grad passes -------------------------------------------------------------------
     @torch.no_grad()

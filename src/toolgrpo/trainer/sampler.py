@@ -6,6 +6,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from toolgrpo.config.loader import ConfigError
+
 
 @dataclass
 class SamplerState:
@@ -16,7 +18,7 @@ class SamplerState:
 class TaskSampler:
     def __init__(self, num_tasks: int, batch_size: int, seed: int, shuffle: bool = True) -> None:
         if batch_size > num_tasks:
-            raise ValueError(
+            raise ConfigError(
                 f"data.train_batch_size={batch_size} exceeds the {num_tasks} usable training tasks"
             )
         self.num_tasks, self.batch_size, self.seed, self.shuffle = (

@@ -105,10 +105,12 @@ class Trainer:
                 self.step = step
                 if t.test_freq > 0 and step % t.test_freq == 0:
                     metrics.update(self.validate(step))
-                if (t.save_freq > 0 and step % t.save_freq == 0) or step == self.total_steps:
-                    self.save_checkpoint()
+                # Log before saving: a kill in between re-runs this step on resume (its line is
+                # dropped then); the reverse order would lose the step's line for good.
                 tracker.log(metrics, step)
                 history.append(metrics)
+                if (t.save_freq > 0 and step % t.save_freq == 0) or step == self.total_steps:
+                    self.save_checkpoint()
         finally:
             tracker.close()
         return history
