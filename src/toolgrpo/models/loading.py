@@ -11,6 +11,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
 from toolgrpo.config.schema import ModelConfig
+from toolgrpo.models.attention import register as register_attention
 from toolgrpo.models.registry import ResolvedModel, resolve_model
 
 log = logging.getLogger(__name__)
@@ -75,7 +76,9 @@ def load_policy(cfg: ModelConfig, trainable: bool = True) -> Policy:
     # Trainable weights stay float32 (bf16 cannot hold lr≈1e-6 updates); frozen ones may be bf16.
     full_ft = trainable and cfg.lora_rank == 0 and resolved.adapter_dir is None
     weight_dtype = torch.float32 if (full_ft or dtype == torch.float32) else dtype
-    model = AutoModelForCausalLM.from_pretrained(str(resolved.hf_dir), dtype=weight_dtype)
+    model = AutoModelForCausalLM.from_pretrained(
+        str(resolved.hf_dir), dtype=weight_dtype, attn_implementation=register_attention()
+    )
     model.config.use_cache = True
     adapter = Path(cfg.adapter_path) if cfg.adapter_path else resolved.adapter_dir
     is_lora = cfg.lora_rank > 0 or adapter is not None
@@ -110,9 +113,10 @@ def _apply_lora(model: Any, cfg: ModelConfig, adapter: Path | None, trainable: b
             task_type="CAUSAL_LM",
         )
         model = get_peft_model(model, lora)
-    # LoRA parameters train in float32 whatever the frozen base dtype is.
-    for p in model.parameters():
-        if p.requires_grad:
+    # LoRA weights compute in float32 whatever the base dtype is or the adapter was stored in
+    # (the shipped adapter is stored in bf16 to stay small).
+    for name, p in model.named_parameters():
+        if "lora_" in name:
             p.data = p.data.float()
     return model
 
