@@ -11,11 +11,10 @@ from rich.table import Table
 from toolgrpo.config.loader import load_config
 from toolgrpo.config.schema import TrainConfig
 from toolgrpo.data.loader import load_tasks
-from toolgrpo.eval.evaluate import evaluate
+from toolgrpo.eval.evaluate import evaluate, val_sampling_params
 from toolgrpo.models.loading import load_policy
 from toolgrpo.rewards.scoring import check_task
 from toolgrpo.rewards.types import RllaFlags
-from toolgrpo.rollout.generator import SamplingParams
 from toolgrpo.rollout.hf import HFGenerator
 
 
@@ -51,18 +50,11 @@ def run_eval(
     if checkpoint:
         label = apply_checkpoint(cfg, checkpoint)
     policy = load_policy(cfg.actor_rollout_ref.model, trainable=False)
-    d, vk = cfg.data, cfg.actor_rollout_ref.rollout.val_kwargs
+    d = cfg.data
     tasks = load_tasks(d.val_files, d.bad_rows, -1, check_task).tasks
     if limit > 0:
         tasks = tasks[:limit]
-    params = SamplingParams(
-        n=vk.n,
-        temperature=vk.temperature if vk.do_sample else 1.0,
-        top_p=vk.top_p,
-        top_k=vk.top_k,
-        max_new_tokens=d.max_response_length,
-        do_sample=vk.do_sample,
-    )
+    params = val_sampling_params(cfg)
     gen = HFGenerator(policy.model, policy.tokenizer, policy.dtype, d.val_batch_size)
     flags = RllaFlags(**vars(cfg.reward.rlla))
     res = evaluate(

@@ -7,11 +7,25 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from toolgrpo.config.schema import TrainConfig
 from toolgrpo.data.task import Task
 from toolgrpo.rewards.scoring import Score, score
 from toolgrpo.rewards.types import RllaFlags
 from toolgrpo.rollout.generator import Completion, Generator, SamplingParams
 from toolgrpo.rollout.single_turn import rollout_tasks, solution_text
+
+
+def val_sampling_params(cfg: TrainConfig) -> SamplingParams:
+    """Evaluation sampling from ``actor_rollout_ref.rollout.val_kwargs`` (greedy by default)."""
+    vk = cfg.actor_rollout_ref.rollout.val_kwargs
+    return SamplingParams(
+        n=vk.n,
+        temperature=vk.temperature if vk.do_sample else 1.0,
+        top_p=vk.top_p,
+        top_k=vk.top_k,
+        max_new_tokens=cfg.data.max_response_length,
+        do_sample=vk.do_sample,
+    )
 
 
 @dataclass

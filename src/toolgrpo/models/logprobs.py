@@ -28,6 +28,17 @@ def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
+def _last_hidden(causal_lm: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor):
+    """Final hidden states of a padded batch (positions skip left padding, as in generation)."""
+    out = causal_lm.get_decoder()(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids_from_mask(attention_mask),
+        use_cache=False,
+    )
+    return out.last_hidden_state
+
+
 def _chunk_stats(
     head: torch.nn.Module, h: torch.Tensor, targets: torch.Tensor, temperature: float, entropy: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -86,15 +97,9 @@ def response_logprobs(
 
     ``causal_lm`` is a ``*ForCausalLM`` (for LoRA, the PEFT base model with adapters in place).
     """
-    backbone = causal_lm.get_decoder()
     head = causal_lm.get_output_embeddings()
-    out = backbone(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=position_ids_from_mask(attention_mask),
-        use_cache=False,
-    )
-    hidden = out.last_hidden_state[:, -response_length - 1 : -1]
+    last = _last_hidden(causal_lm, input_ids, attention_mask)
+    hidden = last[:, -response_length - 1 : -1]
     targets = input_ids[:, -response_length:]
     return _head_stats(head, hidden, targets, temperature, chunk_size, with_entropy, with_hidden)
 
@@ -148,16 +153,10 @@ def masked_token_logprobs(
 ) -> torch.Tensor:
     """Log-probs of the tokens where ``target_mask`` is 1 (flattened, row-major), computing the
     LM head only at those positions: SFT's loss on assistant tokens without [B, T, V] logits."""
-    backbone = causal_lm.get_decoder()
     head = causal_lm.get_output_embeddings()
-    out = backbone(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=position_ids_from_mask(attention_mask),
-        use_cache=False,
-    )
+    last = _last_hidden(causal_lm, input_ids, attention_mask)
     select = target_mask[:, 1:].bool()
-    hidden = out.last_hidden_state[:, :-1][select]  # [N, H]: positions predicting a target
+    hidden = last[:, :-1][select]  # [N, H]: positions predicting a target
     targets = input_ids[:, 1:][select]
     lps = []
     for s in range(0, hidden.shape[0], chunk_size):

@@ -27,7 +27,7 @@ from toolgrpo.config.schema import TrainConfig
 from toolgrpo.config.validate import validate_train_config
 from toolgrpo.data.loader import load_tasks
 from toolgrpo.data.task import Task
-from toolgrpo.eval.evaluate import evaluate
+from toolgrpo.eval.evaluate import evaluate, val_sampling_params
 from toolgrpo.models.loading import load_policy
 from toolgrpo.rewards.scoring import Score, check_task, is_finite, score
 from toolgrpo.rewards.types import RllaFlags
@@ -80,6 +80,7 @@ class Trainer:
         kc = cfg.algorithm.kl_ctrl
         self.kl_ctrl = get_kl_controller(kc.type, kc.kl_coef, kc.target_kl, kc.horizon)
         self.flags = RllaFlags(**asdict(cfg.reward.rlla))
+        self._val_tasks: list[Task] | None = None
         self.step = 0
         self._resume()
 
@@ -233,21 +234,15 @@ class Trainer:
         return metrics
 
     def validate(self, step: int) -> dict[str, float]:
-        d, vk = self.cfg.data, self.cfg.actor_rollout_ref.rollout.val_kwargs
-        tasks = self._load(d.val_files)
-        params = SamplingParams(
-            n=vk.n,
-            temperature=vk.temperature if vk.do_sample else 1.0,
-            top_p=vk.top_p,
-            top_k=vk.top_k,
-            max_new_tokens=d.max_response_length,
-            do_sample=vk.do_sample,
-        )
+        """Same tasks and settings as ``toolgrpo eval`` (long prompts truncated, not dropped)."""
+        d = self.cfg.data
+        if self._val_tasks is None:
+            self._val_tasks = load_tasks(d.val_files, d.bad_rows, -1, check_task).tasks
         res = evaluate(
             self.generator,
             self.tokenizer,
-            tasks,
-            params,
+            self._val_tasks,
+            val_sampling_params(self.cfg),
             d.max_prompt_length,
             step,
             self.flags,
