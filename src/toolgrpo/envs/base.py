@@ -1,0 +1,65 @@
+"""The environment contract: one instance per episode, async, message-level (never tokens).
+
+``reset`` gives the opening messages and the tool schemas; ``step`` runs a turn's tool calls (in
+parallel) and returns the tool messages; ``reward`` scores the finished episode. Environments that
+can be rolled back (issue #6) also implement ``snapshot``/``restore``.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+from toolgrpo.tools.types import ToolCall, ToolResult
+
+
+@dataclass
+class EnvStart:
+    messages: list[dict[str, Any]]  # system/user messages that open the episode
+    tools: list[dict[str, Any]] = field(default_factory=list)  # OpenAI function specs for tools=
+
+
+@dataclass
+class Transcript:
+    """A finished (or cut-off) episode as the environment's reward sees it."""
+
+    messages: list[dict[str, Any]]  # opening messages, then assistant/tool turns
+    text: str  # decoded prompt + response, special tokens kept (what verl passes to a reward)
+    stop_reason: str  # "answer" | "max_turns" | "context" | "length" | "error"
+    num_turns: int
+
+
+@dataclass
+class EnvReward:
+    score: float
+    parts: dict[str, float] = field(default_factory=dict)  # logged as reward/<part>
+
+
+class Env(ABC):
+    """Base class; subclasses set ``max_turns`` (assistant turns per episode) at construction."""
+
+    max_turns: int = 1
+    single_turn: bool = False  # True: the first assistant turn ends the episode (no tools run)
+
+    @abstractmethod
+    async def reset(self) -> EnvStart: ...
+
+    @abstractmethod
+    async def step(self, calls: list[ToolCall]) -> list[ToolResult]:
+        """Results in call order; never raises (failures are error results)."""
+
+    @abstractmethod
+    async def reward(self, transcript: Transcript) -> EnvReward: ...
+
+    async def close(self) -> None:  # noqa: B027 - optional hook
+        """Release resources (servers, sessions)."""
+
+    # ---- rollback support (issue #6) ----------------------------------------------------------
+    supports_snapshot: bool = False
+
+    def snapshot(self) -> Any:
+        raise NotImplementedError(f"{type(self).__name__} cannot snapshot its state")
+
+    def restore(self, state: Any) -> None:
+        raise NotImplementedError(f"{type(self).__name__} cannot restore its state")

@@ -1,0 +1,109 @@
+"""Environment types by name, and the router that maps a task's ``task_type`` to one.
+
+Config (``actor_rollout_ref.rollout.multi_turn.envs``), one entry per task type::
+
+    calculator: {max_turns: 4}
+    search:     {max_turns: 4, top_k: 3}
+    my_remote:  {type: remote, url: "ws://127.0.0.1:8900", max_turns: 6}
+
+``type`` defaults to the task type's own name; every other key except ``max_turns`` is passed to
+the environment's factory as an option.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from toolgrpo.data.task import Task
+from toolgrpo.envs.base import Env
+
+EnvFactory = Callable[[Task, Mapping[str, Any]], Env]
+
+_REGISTRY: dict[str, EnvFactory] = {}
+# Built-in environment types and the modules that register them (imported on first use, so a
+# missing optional dependency only matters to the task types that need it).
+_BUILTIN = {
+    "rlla": "toolgrpo.envs.rlla",
+    "calculator": "toolgrpo.envs.calculator",
+    "search": "toolgrpo.envs.search",
+    "bfcl_multi_turn": "toolgrpo.envs.bfcl",
+    "remote": "toolgrpo.envs.remote",
+}
+
+
+class EnvConfigError(ValueError):
+    """An environment entry in the config is unusable (unknown type, bad option)."""
+
+
+def register_env(name: str) -> Callable[[EnvFactory], EnvFactory]:
+    def deco(factory: EnvFactory) -> EnvFactory:
+        _REGISTRY[name] = factory
+        return factory
+
+    return deco
+
+
+def env_types() -> list[str]:
+    return sorted(set(_REGISTRY) | set(_BUILTIN))
+
+
+def get_env_factory(name: str) -> EnvFactory:
+    if name not in _REGISTRY and name in _BUILTIN:
+        importlib.import_module(_BUILTIN[name])
+    if name not in _REGISTRY:
+        raise EnvConfigError(f"unknown environment type {name!r}; known: {', '.join(env_types())}")
+    return _REGISTRY[name]
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    type: str
+    max_turns: int
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+# Task types that need no config entry: their defaults.
+DEFAULT_SPECS = {
+    "rlla": EnvSpec("rlla", 1),
+    "calculator": EnvSpec("calculator", 4),
+    "search": EnvSpec("search", 4),
+    "bfcl_multi_turn": EnvSpec("bfcl_multi_turn", 8),
+}
+
+
+class EnvRouter:
+    """``task_type`` → a fresh environment for one episode, with that type's ``max_turns``."""
+
+    def __init__(self, specs: Mapping[str, Mapping[str, Any]] | None = None) -> None:
+        self.specs: dict[str, EnvSpec] = dict(DEFAULT_SPECS)
+        for task_type, raw in (specs or {}).items():
+            opts = dict(raw or {})
+            env_type = str(opts.pop("type", task_type))
+            max_turns = int(opts.pop("max_turns", DEFAULT_SPECS.get(env_type, EnvSpec("", 4)).max_turns))
+            if max_turns < 1:
+                raise EnvConfigError(f"envs.{task_type}.max_turns must be >= 1, got {max_turns}")
+            get_env_factory(env_type)  # fail at startup, not mid-run
+            self.specs[task_type] = EnvSpec(env_type, max_turns, opts)
+
+    def spec(self, task_type: str) -> EnvSpec:
+        if task_type not in self.specs:
+            raise EnvConfigError(
+                f"no environment for task_type {task_type!r}; configure "
+                f"actor_rollout_ref.rollout.multi_turn.envs.{task_type} (known: "
+                f"{', '.join(sorted(self.specs))})"
+            )
+        return self.specs[task_type]
+
+    def check(self, task_types: set[str]) -> None:
+        """Raise for any task type without an environment (call once on the dataset)."""
+        for t in sorted(task_types):
+            get_env_factory(self.spec(t).type)
+
+    def make(self, task: Task) -> Env:
+        spec = self.spec(task.task_type)
+        env = get_env_factory(spec.type)(task, spec.options)
+        env.max_turns = spec.max_turns
+        return env
