@@ -41,6 +41,9 @@ class Env(ABC):
 
     max_turns: int = 1
     single_turn: bool = False  # True: the first assistant turn ends the episode (no tools run)
+    # Set by an environment that can no longer serve the episode (e.g. its server died): the
+    # episode loop stops it with stop reason "env_error" and the configured error reward.
+    fatal_error: str | None = None
 
     @abstractmethod
     async def reset(self) -> EnvStart: ...
@@ -51,6 +54,11 @@ class Env(ABC):
 
     @abstractmethod
     async def reward(self, transcript: Transcript) -> EnvReward: ...
+
+    async def next_user_turn(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+        """Called when the model answers without a tool call: further user messages continue the
+        episode (multi-turn dialogues such as BFCL's); ``None`` ends it."""
+        return None
 
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Release resources (servers, sessions)."""
