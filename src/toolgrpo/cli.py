@@ -1,4 +1,4 @@
-"""``toolgrpo train | eval | sft``: a YAML file and/or dotted overrides, as in verl."""
+"""``toolgrpo train | eval | sft | serve-env``: a YAML file and/or dotted overrides, as in verl."""
 
 from __future__ import annotations
 
@@ -61,6 +61,23 @@ def cmd_sft(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve_env(args: argparse.Namespace) -> int:
+    import importlib
+
+    from toolgrpo.envs.registry import EnvConfigError
+    from toolgrpo.envs.server import parse_options, serve
+
+    token = args.token or os.environ.get("TOOLGRPO_ENV_TOKEN") or None
+    try:
+        for module in args.imports:  # modules that register custom env types
+            importlib.import_module(module)
+        serve(args.name, parse_options(args.option), args.host, args.port, token, args.verbose)
+    except (EnvConfigError, ValueError, ImportError) as e:
+        print(f"toolgrpo serve-env: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="toolgrpo", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true")
@@ -78,6 +95,17 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("sft", help="supervised fine-tuning: [config.yaml] [key=value ...]")
     p.add_argument("rest", nargs=argparse.REMAINDER)
     p.set_defaults(func=cmd_sft)
+    p = sub.add_parser("serve-env", help="serve an environment over WebSocket")
+    p.add_argument("name", help="a registered environment type, e.g. calculator")
+    p.add_argument("--host", default="127.0.0.1", help="non-loopback addresses need a token")
+    p.add_argument("--port", type=int, default=8900)
+    p.add_argument("--token", default=None, help="bearer token (default: $TOOLGRPO_ENV_TOKEN)")
+    p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="env option")
+    imp = "import MODULE first (to register custom environment types)"
+    p.add_argument(
+        "--import", dest="imports", action="append", default=[], metavar="MODULE", help=imp
+    )
+    p.set_defaults(func=cmd_serve_env)
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,

@@ -48,9 +48,21 @@ def _flatten(d: Any, prefix: str = "") -> list[str]:
     return out
 
 
-def _check_keys(keys: list[str], allowed: set[str], where: str) -> None:
+def _free_prefixes(schema: type, prefix: str = "") -> list[str]:
+    """Dotted names of ``dict`` fields: any key below them is the user's own (e.g. env names)."""
+    out: list[str] = []
+    for f in dataclasses.fields(schema):
+        sub = _dataclass_type(f)
+        if sub is not None:
+            out.extend(_free_prefixes(sub, f"{prefix}{f.name}."))
+        elif f.default_factory is dict:
+            out.append(f"{prefix}{f.name}.")
+    return out
+
+
+def _check_keys(keys: list[str], allowed: set[str], where: str, free: list[str] = ()) -> None:
     for key in keys:
-        if key in allowed:
+        if key in allowed or any(key.startswith(p) for p in free):
             continue
         # A key may name a whole sub-tree (e.g. data=...) or be a leaf below one.
         close = difflib.get_close_matches(key, sorted(allowed), n=3, cutoff=0.6)
@@ -61,6 +73,7 @@ def _check_keys(keys: list[str], allowed: set[str], where: str) -> None:
 def load_config(schema: type[T], path: str | Path | None = None, overrides: list[str] = ()) -> T:
     """Build ``schema`` from its defaults, then a YAML file, then ``key=value`` overrides."""
     allowed = valid_keys(schema)
+    free = _free_prefixes(schema)
     base = OmegaConf.structured(schema)
     layers = []
     if path is not None:
@@ -73,13 +86,13 @@ def load_config(schema: type[T], path: str | Path | None = None, overrides: list
                 loaded = OmegaConf.create({})
         except Exception as e:  # yaml errors come in several types
             raise ConfigError(f"cannot parse {p}: {e}") from e
-        _check_keys(_flatten(OmegaConf.to_container(loaded)), allowed, str(p))
+        _check_keys(_flatten(OmegaConf.to_container(loaded)), allowed, str(p), free)
         layers.append(loaded)
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"override {item!r} is not of the form key=value")
         key = item.split("=", 1)[0].lstrip("+")
-        _check_keys([key], allowed, "command-line overrides")
+        _check_keys([key], allowed, "command-line overrides", free)
     if overrides:
         try:
             layers.append(OmegaConf.from_dotlist([o.lstrip("+") for o in overrides]))

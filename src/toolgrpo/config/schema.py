@@ -84,6 +84,21 @@ class ValKwargs:
 
 
 @dataclass
+class MultiTurnConfig:
+    """Episodes with tool calls (``toolgrpo.rollout.multi_turn``). ``data.max_response_length``
+    then bounds the whole episode after the prompt: every turn plus the tool results."""
+
+    enable: bool = False
+    max_tokens_per_turn: int = 256  # one assistant turn
+    max_tool_response_length: int = 256  # tokens of one tool result (0 = no limit)
+    tool_response_truncate_side: str = "middle"  # right (keep head) | left (keep tail) | middle
+    max_concurrent_episodes: int = 0  # episodes in flight at once; 0 = all of a step's
+    error_reward: float = -1.0  # reward of an episode whose environment failed
+    # task_type -> {type: <env type, default the task type>, max_turns: N, <env options>...}
+    envs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
 class RolloutConfig:
     name: str = "hf"
     n: int = 4
@@ -93,6 +108,7 @@ class RolloutConfig:
     log_prob_micro_batch_size_per_gpu: int = 8
     generation_batch_size: int = 16  # sequences per generate() call
     val_kwargs: ValKwargs = field(default_factory=ValKwargs)
+    multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
 
 
 @dataclass
@@ -176,6 +192,15 @@ class TrainerConfig:
 
 
 @dataclass
+class AsyncTrainingConfig:
+    """Rollouts on a background thread against a copy of the policy (``toolgrpo.trainer.replay``);
+    batches may be up to ``staleness_threshold`` policy versions old. 0 = the synchronous loop."""
+
+    enable: bool = False
+    staleness_threshold: int = 0
+
+
+@dataclass
 class TrainConfig:
     data: DataConfig = field(default_factory=DataConfig)
     actor_rollout_ref: ActorRolloutRefConfig = field(default_factory=ActorRolloutRefConfig)
@@ -183,6 +208,7 @@ class TrainConfig:
     critic: CriticConfig = field(default_factory=CriticConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    async_training: AsyncTrainingConfig = field(default_factory=AsyncTrainingConfig)
 
 
 def as_dict(cfg: Any) -> dict:

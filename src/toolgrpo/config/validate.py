@@ -66,5 +66,14 @@ def validate_train_config(cfg: TrainConfig) -> None:
             f"algorithm.adv_estimator={alg.adv_estimator} compares samples within a group: "
             "set actor_rollout_ref.rollout.n >= 2"
         )
+    mt = r.multi_turn
+    _one_of(
+        mt.tool_response_truncate_side,
+        ("right", "left", "middle"),
+        "actor_rollout_ref.rollout.multi_turn.tool_response_truncate_side",
+    )
+    _positive(mt.max_tokens_per_turn, "actor_rollout_ref.rollout.multi_turn.max_tokens_per_turn")
+    if cfg.async_training.staleness_threshold < 0:
+        raise ConfigError("async_training.staleness_threshold must be >= 0")
     if a.use_kl_loss and alg.use_kl_in_reward:
         raise ConfigError("use either actor.use_kl_loss or algorithm.use_kl_in_reward, not both")

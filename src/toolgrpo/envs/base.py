@@ -28,6 +28,7 @@ class Transcript:
     text: str  # decoded prompt + response, special tokens kept (what verl passes to a reward)
     stop_reason: str  # "answer" | "max_turns" | "context" | "length" | "error"
     num_turns: int
+    step: int = 0  # the trainer's global step (for rewards that change over training)
 
 
 @dataclass
@@ -71,3 +72,10 @@ class Env(ABC):
 
     def restore(self, state: Any) -> None:
         raise NotImplementedError(f"{type(self).__name__} cannot restore its state")
+
+    async def asnapshot(self) -> Any:
+        """What rollback awaits; remote environments override it (their state lives elsewhere)."""
+        return self.snapshot()
+
+    async def arestore(self, state: Any) -> None:
+        self.restore(state)

@@ -70,7 +70,8 @@ DEFAULT_SPECS = {
     "rlla": EnvSpec("rlla", 1),
     "calculator": EnvSpec("calculator", 4),
     "search": EnvSpec("search", 4),
-    "bfcl_multi_turn": EnvSpec("bfcl_multi_turn", 8),
+    # Up to 8 user turns, each needing a call turn and an answer turn.
+    "bfcl_multi_turn": EnvSpec("bfcl_multi_turn", 20),
 }
 
 

@@ -27,7 +27,8 @@ def _trim(b: Batch) -> tuple[torch.Tensor, torch.Tensor, int]:
     P = b.input_ids_BT.shape[1] - b.response_length
     live = b.attention_mask_BT[:, :P].any(0).nonzero()
     start = int(live[0]) if len(live) else P - 1
-    r = max(1, int(b.response_mask_BR.sum(1).max().item()))
+    # Response width from attention, not the mask: multi-turn rows have mask-0 tool tokens inside.
+    r = max(1, int(b.attention_mask_BT[:, P:].sum(1).max().item()))
     return b.input_ids_BT[:, start : P + r], b.attention_mask_BT[:, start : P + r], r
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, fields, replace
 
 import torch
 
+from toolgrpo.rollout.episode import Episode
 from toolgrpo.rollout.generator import Completion
 
 
@@ -51,25 +52,47 @@ class Batch:
 
 
 def collate(completions: Sequence[Completion], uids: Sequence[str], pad_id: int) -> Batch:
-    """Stack completions into padded tensors; empty responses keep one masked pad column."""
+    """Stack single-turn completions into padded tensors (every response token was sampled)."""
     if len(completions) != len(uids):
         raise ValueError("one uid per completion is required")
-    P = max(len(c.prompt_ids) for c in completions)
-    R = max(1, max(len(c.token_ids) for c in completions))
-    B = len(completions)
+    rows = [(c.prompt_ids, c.token_ids, [1] * len(c.token_ids), c.logprobs) for c in completions]
+    return collate_rows(rows, uids, pad_id)
+
+
+def collate_episodes(episodes: Sequence[Episode], pad_id: int) -> Batch:
+    """Stack multi-turn episodes: tool results and turn markers sit in the response with mask 0."""
+    rows = [(e.prompt_ids, e.response_ids, e.response_mask, e.logprobs) for e in episodes]
+    batch = collate_rows(rows, [e.uid for e in episodes], pad_id)
+    batch.task_types = [e.task_type for e in episodes]
+    return batch
+
+
+Row = tuple[Sequence[int], Sequence[int], Sequence[int], Sequence[float]]
+
+
+def collate_rows(rows: Sequence[Row], uids: Sequence[str], pad_id: int) -> Batch:
+    """``(prompt_ids, response_ids, response_mask, logprobs)`` rows → a batch; an empty response
+    keeps one masked pad column."""
+    if len(rows) != len(uids):
+        raise ValueError("one uid per row is required")
+    P = max(len(r[0]) for r in rows)
+    R = max(1, max(len(r[1]) for r in rows))
+    B = len(rows)
     ids = torch.full((B, P + R), pad_id, dtype=torch.long)
     attn = torch.zeros((B, P + R), dtype=torch.long)
     resp_mask = torch.zeros((B, R), dtype=torch.float32)
     lps = torch.zeros((B, R), dtype=torch.float32)
-    for i, c in enumerate(completions):
-        p, r = len(c.prompt_ids), len(c.token_ids)
-        ids[i, P - p : P] = torch.tensor(c.prompt_ids, dtype=torch.long)
+    for i, (prompt, resp, mask, logprobs) in enumerate(rows):
+        p, r = len(prompt), len(resp)
+        if not len(mask) == len(logprobs) == r:
+            raise ValueError(f"row {i}: {r} response ids, {len(mask)} mask, {len(logprobs)} lps")
+        ids[i, P - p : P] = torch.tensor(list(prompt), dtype=torch.long)
         attn[i, P - p : P] = 1
         if r:
-            ids[i, P : P + r] = torch.tensor(c.token_ids, dtype=torch.long)
+            ids[i, P : P + r] = torch.tensor(list(resp), dtype=torch.long)
             attn[i, P : P + r] = 1
-            resp_mask[i, :r] = 1.0
-            lps[i, :r] = torch.tensor(c.logprobs, dtype=torch.float32)
+            resp_mask[i, :r] = torch.tensor(list(mask), dtype=torch.float32)
+            lps[i, :r] = torch.tensor(list(logprobs), dtype=torch.float32)
     return Batch(ids, attn, resp_mask, lps, uids=list(uids))
 
 

@@ -22,44 +22,26 @@ def group_stats(uids: Sequence[str], totals: Sequence[float]) -> dict[str, float
     return {"reward/groups_all_equal_frac": flat / max(len(groups), 1)}
 
 
-def step_metrics(
-    batch: Batch,
-    completions: Sequence[Completion],
-    scores: Sequence[Score],
-    timing: dict[str, float],
-    extra: dict[str, float],
-    epoch: int,
+def batch_metrics(
+    batch: Batch, timing: dict[str, float], extra: dict[str, float], epoch: int
 ) -> dict[str, float]:
-    totals = [s.total for s in scores]
-    lengths = [len(c.token_ids) for c in completions]
-    tool_rows = [s for s in scores if s.exact_call is not None]
+    """What every step logs, single- or multi-turn: rewards, advantages, sizes, timings."""
+    totals = batch.scores_B.tolist() if batch.scores_B is not None else [0.0]
     resp = batch.response_mask_BR.sum(1)
     adv = (
         batch.advantages_BR[batch.response_mask_BR.bool()]
         if batch.advantages_BR is not None
         else None
     )
+    sampled = float(resp.sum())
     m: dict[str, float] = {
         "epoch": float(epoch),
         "reward/mean": fmean(totals),
         "reward/std": pstdev(totals) if len(totals) > 1 else 0.0,
         "reward/max": max(totals),
         "reward/min": min(totals),
-        "reward/format/mean": fmean(s.format for s in scores),
-        "reward/correctness/mean": fmean(s.correctness for s in scores),
-        "reward/length/mean": fmean(s.length for s in scores),
-        "reward/format_rate": fmean(float(s.format_ok) for s in scores),
-        "reward/exact_call_rate": (
-            fmean(float(bool(s.exact_call)) for s in tool_rows) if tool_rows else 0.0
-        ),
-        "response_length/mean": fmean(lengths),
-        "response_length/max": float(max(lengths)),
-        "response_length/clip_ratio": fmean(
-            float(c.finish_reason == "length") for c in completions
-        ),
-        "prompt_length/mean": fmean(len(c.prompt_ids) for c in completions),
-        "tokens/generated": float(sum(lengths)),
-        "tokens/generated_per_s": float(sum(lengths)) / max(timing.get("timing/gen_s", 0.0), 1e-9),
+        "tokens/generated": sampled,
+        "tokens/generated_per_s": sampled / max(timing.get("timing/gen_s", 0.0), 1e-9),
         "critic/advantages/mean": float(adv.mean()) if adv is not None and adv.numel() else 0.0,
         "critic/advantages/max": float(adv.max()) if adv is not None and adv.numel() else 0.0,
         "critic/advantages/min": float(adv.min()) if adv is not None and adv.numel() else 0.0,
@@ -75,4 +57,43 @@ def step_metrics(
     if len(by_type) > 1:
         for t, vals in by_type.items():
             m[f"reward/{t}/mean"] = fmean(vals)
+    return _floats(m)
+
+
+def completion_metrics(
+    completions: Sequence[Completion], scores: Sequence[Score]
+) -> dict[str, float]:
+    """Single-turn (RLLA) specifics: reward parts, format and exact-call rates, lengths."""
+    lengths = [len(c.token_ids) for c in completions]
+    tool_rows = [s for s in scores if s.exact_call is not None]
+    m = {
+        "reward/format/mean": fmean(s.format for s in scores),
+        "reward/correctness/mean": fmean(s.correctness for s in scores),
+        "reward/length/mean": fmean(s.length for s in scores),
+        "reward/format_rate": fmean(float(s.format_ok) for s in scores),
+        "reward/exact_call_rate": (
+            fmean(float(bool(s.exact_call)) for s in tool_rows) if tool_rows else 0.0
+        ),
+        "response_length/mean": fmean(lengths),
+        "response_length/max": float(max(lengths)),
+        "response_length/clip_ratio": fmean(
+            float(c.finish_reason == "length") for c in completions
+        ),
+        "prompt_length/mean": fmean(len(c.prompt_ids) for c in completions),
+    }
+    return _floats(m)
+
+
+def step_metrics(
+    batch: Batch,
+    completions: Sequence[Completion],
+    scores: Sequence[Score],
+    timing: dict[str, float],
+    extra: dict[str, float],
+    epoch: int,
+) -> dict[str, float]:
+    return {**batch_metrics(batch, timing, extra, epoch), **completion_metrics(completions, scores)}
+
+
+def _floats(m: dict[str, object]) -> dict[str, float]:
     return {k: float(v) if isinstance(v, (int, float, torch.Tensor)) else v for k, v in m.items()}

@@ -5,10 +5,11 @@ Each step is a short sequence of calls into the layers below; features hook in a
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
 import uuid
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,15 +39,24 @@ from toolgrpo.rollout.single_turn import rollout_tasks, solution_text
 from toolgrpo.trainer import state as ckpt_state
 from toolgrpo.trainer.actor import Actor
 from toolgrpo.trainer.batch import Batch, collate
-from toolgrpo.trainer.metrics import step_metrics
+from toolgrpo.trainer.episode_metrics import episode_metrics
+from toolgrpo.trainer.episodes import EpisodeRunner, NonFiniteReward, make_router
+from toolgrpo.trainer.metrics import batch_metrics, completion_metrics
 from toolgrpo.trainer.sampler import TaskSampler
+from toolgrpo.trainer.replay import AsyncRollout
 from toolgrpo.trainer.tracking import Tracker
 
 log = logging.getLogger(__name__)
 
 
-class NonFiniteReward(ValueError):
-    """A reward came back NaN/inf with ``reward.nan_policy=error``."""
+@dataclass
+class Rolled:
+    """One step's rollout, rewarded and collated, ready for the update."""
+
+    batch: Batch
+    metrics: dict[str, float]
+    timing: dict[str, float]
+    nonfinite: float
 
 
 class Trainer:
@@ -80,6 +90,11 @@ class Trainer:
         kc = cfg.algorithm.kl_ctrl
         self.kl_ctrl = get_kl_controller(kc.type, kc.kl_coef, kc.target_kl, kc.horizon)
         self.flags = RllaFlags(**asdict(cfg.reward.rlla))
+        self.episodes: EpisodeRunner | None = None
+        if r.multi_turn.enable:
+            router = make_router(cfg, self.flags)
+            router.check({t.task_type for t in self.tasks})
+            self.episodes = EpisodeRunner(cfg, self.generator, self.tokenizer, router)
         self._val_tasks: list[Task] | None = None
         self.step = 0
         self._resume()
@@ -97,12 +112,13 @@ class Trainer:
         (self.out / "config.yaml").write_text(to_yaml(self.cfg))
         tracker = Tracker(self.out, t.logger, self.total_steps, start_step=self.step)
         history = []
+        producer = self._start_async() if self.cfg.async_training.enable else None
         try:
             if t.val_before_train and self.step == 0:
                 tracker.log(self.validate(0), 0)
             while self.step < self.total_steps:
                 step = self.step + 1
-                metrics = self.train_step(step)
+                metrics = self.train_step(step, producer)
                 self.step = step
                 if t.test_freq > 0 and step % t.test_freq == 0:
                     metrics.update(self.validate(step))
@@ -113,52 +129,96 @@ class Trainer:
                 if (t.save_freq > 0 and step % t.save_freq == 0) or step == self.total_steps:
                     self.save_checkpoint()
         finally:
+            if producer is not None:
+                producer.close()
             tracker.close()
         return history
 
-    def train_step(self, step: int) -> dict[str, Any]:
-        """One GRPO/PPO step; returns its metrics."""
-        torch.manual_seed(self.cfg.trainer.seed * 1_000_003 + step)  # resumable sampling
+    def train_step(self, step: int, producer: AsyncRollout | None = None) -> dict[str, Any]:
+        """One GRPO/PPO step: rollout → reward → advantage → update; returns its metrics."""
         t_step = time.time()
-        tasks = [self.tasks[i] for i in self.sampler.next_batch()]
-        timing: dict[str, float] = {}
+        if producer is None:
+            rolled = self.produce(step, self.sampler.next_batch(), self.generator)
+        else:
+            got = producer.buffer.get(current_version=self.step)
+            self.sampler.next_batch()  # keep the checkpointed position in step with training
+            rolled = got.item
+            rolled.metrics["async/staleness"] = float(self.step - got.version)
+            rolled.metrics["async/dropped_stale"] = float(producer.buffer.dropped)
+        batch, timing = rolled.batch, dict(rolled.timing)
 
         t0 = time.time()
-        completions, uids, owners = self.rollout(tasks)
-        timing["timing/gen_s"] = time.time() - t0
-
-        t0 = time.time()
-        scores, nonfinite = self.reward(owners, completions, step)
-        timing["timing/reward_s"] = time.time() - t0
-
-        batch = collate(completions, uids, self.tokenizer.pad_token_id)
-        batch.task_types = [t.task_type for t in owners]
-        batch.scores_B = torch.tensor([s.total for s in scores], dtype=torch.float32)
-
-        t0 = time.time()
-        extra = self.prepare_old_and_ref(batch)
+        extra = self.prepare_old_and_ref(batch, behaviour=producer is not None)
         kl_metrics = self.compute_advantages(batch)
         timing["timing/logprob_s"] = time.time() - t0
 
         t0 = time.time()
-        actor_metrics = self.actor.update(batch)
+        if producer is None:
+            actor_metrics = self.actor.update(batch)
+        else:
+            with producer.lock:  # the rollout thread copies weights only between updates
+                actor_metrics = self.actor.update(batch)
+            producer.updated()
         timing["timing/train_s"] = time.time() - t0
         timing["timing/step_s"] = time.time() - t_step
-        return step_metrics(
-            batch,
-            completions,
-            scores,
-            timing,
-            {**extra, **kl_metrics, **actor_metrics, "reward/nonfinite": float(nonfinite)},
-            self.sampler.state.epoch,
+        extra = {**extra, **kl_metrics, **actor_metrics, "reward/nonfinite": rolled.nonfinite}
+        return {
+            **batch_metrics(batch, timing, extra, self.sampler.state.epoch),
+            **rolled.metrics,
+        }
+
+    def produce(self, step: int, indices: list[int], generator: Any) -> Rolled:
+        """Rollout and reward for one step's tasks: the batch, its rollout metrics and timings."""
+        torch.manual_seed(self.cfg.trainer.seed * 1_000_003 + step)  # resumable sampling
+        tasks = [self.tasks[i] for i in indices]
+        timing: dict[str, float] = {}
+        t0 = time.time()
+        if self.episodes is not None:
+            episodes = self.episodes.play(tasks, self.sampling, step, self.step, generator)
+            timing["timing/gen_s"] = time.time() - t0
+            batch, nonfinite = self.episodes.to_batch(episodes)
+            return Rolled(batch, episode_metrics(episodes), timing, float(nonfinite))
+        completions, uids, owners = self.rollout(tasks, generator)
+        timing["timing/gen_s"] = time.time() - t0
+        t0 = time.time()
+        scores, nonfinite = self.reward(owners, completions, step)
+        timing["timing/reward_s"] = time.time() - t0
+        batch = collate(completions, uids, self.tokenizer.pad_token_id)
+        batch.task_types = [t.task_type for t in owners]
+        batch.scores_B = torch.tensor([s.total for s in scores], dtype=torch.float32)
+        return Rolled(batch, completion_metrics(completions, scores), timing, float(nonfinite))
+
+    def _start_async(self) -> AsyncRollout:
+        sampler = copy.deepcopy(self.sampler)
+        bs = self.cfg.actor_rollout_ref.rollout.generation_batch_size
+
+        def produce(step: int, model: Any) -> Rolled:
+            gen = HFGenerator(model, self.tokenizer, self.policy.dtype, bs)
+            return self.produce(step, sampler.next_batch(), gen)
+
+        producer = AsyncRollout(
+            self.policy.model,
+            produce,
+            self.step + 1,
+            self.total_steps,
+            self.cfg.async_training.staleness_threshold,
         )
+        producer.start()
+        return producer
 
     # ---- stages --------------------------------------------------------------------------------
-    def rollout(self, tasks: list[Task]) -> tuple[list[Completion], list[str], list[Task]]:
+    def rollout(
+        self, tasks: list[Task], generator: Any = None
+    ) -> tuple[list[Completion], list[str], list[Task]]:
         """n completions per task; every completion of a task shares one fresh group uid."""
         d = self.cfg.data
         comps = rollout_tasks(
-            self.generator, self.tokenizer, tasks, self.sampling, d.max_prompt_length, d.truncation
+            generator or self.generator,
+            self.tokenizer,
+            tasks,
+            self.sampling,
+            d.max_prompt_length,
+            d.truncation,
         )
         group = [uuid.uuid4().hex for _ in tasks]
         return comps, [group[c.prompt_index] for c in comps], [tasks[c.prompt_index] for c in comps]
@@ -177,11 +237,13 @@ class Trainer:
             scores.append(s)
         return scores, bad
 
-    def prepare_old_and_ref(self, batch: Batch) -> dict[str, float]:
-        """Old log-probs (reused from generation when the update is exactly on-policy), reference
-        log-probs when KL is on, and values for GAE."""
+    def prepare_old_and_ref(self, batch: Batch, behaviour: bool = False) -> dict[str, float]:
+        """Old log-probs (reused from generation when the update is exactly on-policy, or always
+        with ``behaviour``: asynchronous batches are weighted against the policy that sampled
+        them), reference log-probs when KL is on, and values for GAE."""
         a = self.cfg.actor_rollout_ref.actor
-        on_policy = (
+        gae = self.cfg.algorithm.adv_estimator == "gae"
+        on_policy = behaviour or (
             a.ppo_epochs == 1
             and a.ppo_mini_batch_size >= self.cfg.data.train_batch_size
             and not self.sampling.truncated
@@ -190,8 +252,9 @@ class Trainer:
         metrics: dict[str, float] = {"actor/old_logprob_reused": float(on_policy)}
         if on_policy:
             batch.old_logprobs_BR = batch.rollout_logprobs_BR
+            if gae:
+                _, batch.old_values_BR = self.actor.compute_logprobs(batch, with_values=True)
         else:
-            gae = self.cfg.algorithm.adv_estimator == "gae"
             batch.old_logprobs_BR, batch.old_values_BR = self.actor.compute_logprobs(
                 batch, with_values=gae
             )
@@ -238,6 +301,9 @@ class Trainer:
         d = self.cfg.data
         if self._val_tasks is None:
             self._val_tasks = load_tasks(d.val_files, d.bad_rows, -1, check_task).tasks
+        if self.episodes is not None:
+            eps = self.episodes.play(self._val_tasks, val_sampling_params(self.cfg), step, self.step)
+            return {f"val/{k}": v for k, v in episode_metrics(eps).items()}
         res = evaluate(
             self.generator,
             self.tokenizer,

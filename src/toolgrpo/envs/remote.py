@@ -1,0 +1,274 @@
+"""An environment that lives in another process: ``toolgrpo serve-env`` on the far side.
+
+Config (one task type pointed at a server)::
+
+    my_remote: {type: remote, url: "ws://127.0.0.1:8900/ws", token_env: MY_TOKEN, max_turns: 6}
+
+A lost server must not stop training: any transport failure (refused, dropped, timed out, garbled)
+sets ``fatal_error``, tool calls get ``transport`` error results and the reward is ``error_reward``
+with part ``env_error``; nothing raises out of ``reset``/``step``/``reward``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+from urllib.parse import urlsplit
+
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import InvalidStatus, WebSocketException
+
+from toolgrpo.data.task import Task
+from toolgrpo.envs.base import Env, EnvReward, EnvStart, Transcript
+from toolgrpo.envs.registry import EnvConfigError, register_env
+from toolgrpo.envs.wire import (
+    WireError,
+    call_to_dict,
+    is_loopback,
+    result_from_dict,
+    reward_from_dict,
+    start_from_dict,
+    task_to_dict,
+    transcript_to_dict,
+)
+from toolgrpo.tools.types import ToolCall, ToolResult
+
+
+@dataclass(frozen=True)
+class RemoteOptions:
+    url: str  # ws://host:port/ws
+    token: str | None = None  # or the environment variable named by option ``token_env``
+    timeout_s: float = 60.0  # per request/reply
+    connect_timeout_s: float = 10.0
+    error_reward: float = -1.0  # the score of an episode whose server failed
+    max_message_bytes: int = 16 * 1024 * 1024
+
+    @classmethod
+    def parse(cls, options: Mapping[str, Any]) -> RemoteOptions:
+        opts = dict(options)
+        token_env = opts.pop("token_env", None)
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(opts) - known)
+        if unknown:
+            raise EnvConfigError(
+                f"remote env: unknown option(s) {unknown}; known: {sorted(known | {'token_env'})}"
+            )
+        url = str(opts.get("url") or "")
+        if urlsplit(url).scheme not in ("ws", "wss"):
+            raise EnvConfigError(f"remote env: option url must be ws://host:port/ws, got {url!r}")
+        if token_env and not opts.get("token"):
+            if not os.environ.get(str(token_env)):
+                raise EnvConfigError(f"remote env: token_env {token_env!r} is not set")
+            opts["token"] = os.environ[str(token_env)]
+        try:
+            out = cls(
+                url=url,
+                token=str(opts["token"]) if opts.get("token") else None,
+                timeout_s=float(opts.get("timeout_s", cls.timeout_s)),
+                connect_timeout_s=float(opts.get("connect_timeout_s", cls.connect_timeout_s)),
+                error_reward=float(opts.get("error_reward", cls.error_reward)),
+                max_message_bytes=int(opts.get("max_message_bytes", cls.max_message_bytes)),
+            )
+        except (TypeError, ValueError) as e:
+            raise EnvConfigError(f"remote env: bad option: {e}") from e
+        if out.timeout_s <= 0 or out.connect_timeout_s <= 0:
+            raise EnvConfigError("remote env: timeouts must be > 0")
+        return out
+
+
+class RemoteEnv(Env):
+    """Proxies one episode to a server session; ``max_turns`` stays the router's (from config)."""
+
+    def __init__(self, task: Task, options: RemoteOptions) -> None:
+        self.task = task
+        self.options = options
+        self.fatal_error: str | None = None
+        self.supports_snapshot = False  # learnt from the server at reset
+        self.server_max_turns: int | None = None  # the served env's own value, for information
+        self._ws: ClientConnection | None = None
+        self._lock = asyncio.Lock()
+
+    # ---- episode ------------------------------------------------------------------------------
+    async def reset(self) -> EnvStart:
+        """On failure: ``fatal_error`` set and the task's own messages, so the loop can end it."""
+        fallback = EnvStart(
+            [dict(m) for m in self.task.messages], [dict(t) for t in self.task.tools]
+        )
+        if self._ws is not None or self.fatal_error is not None:
+            await self._fail("reset called twice on one remote episode")
+            return fallback
+        host = urlsplit(self.options.url).hostname or ""
+        headers = {"Authorization": f"Bearer {self.options.token}"} if self.options.token else None
+        try:
+            self._ws = await connect(
+                self.options.url,
+                additional_headers=headers,
+                open_timeout=self.options.connect_timeout_s,
+                close_timeout=2.0,
+                ping_interval=None,  # a trainer busy generating cannot answer pings in time
+                max_size=self.options.max_message_bytes,
+                proxy=None if is_loopback(host) else True,
+            )
+        except InvalidStatus as e:
+            code = e.response.status_code
+            hint = " (check the token)" if code in (401, 403) else ""
+            await self._fail(f"{self.options.url} refused the session: HTTP {code}{hint}")
+            return fallback
+        except (OSError, asyncio.TimeoutError, WebSocketException) as e:
+            await self._fail(f"cannot connect to {self.options.url}: {type(e).__name__}: {e}")
+            return fallback
+        reply = await self._request({"op": "reset", "task": task_to_dict(self.task)}, "start")
+        if reply is None:
+            return fallback
+        if reply["op"] == "error":
+            await self._fail(f"server could not start the episode: {reply.get('message')}")
+            return fallback
+        try:
+            start = start_from_dict(reply)
+        except WireError as e:
+            await self._fail(f"bad reply to reset: {e}")
+            return fallback
+        max_turns = reply.get("max_turns")
+        self.server_max_turns = max_turns if isinstance(max_turns, int) else None
+        self.single_turn = bool(reply.get("single_turn", False))
+        self.supports_snapshot = bool(reply.get("snapshot", False))
+        return start
+
+    async def step(self, calls: list[ToolCall]) -> list[ToolResult]:
+        if not calls:
+            return []
+        reply = await self._request(
+            {"op": "step", "calls": [call_to_dict(c) for c in calls]}, "results"
+        )
+        if reply is None:
+            return [self._transport_result(c) for c in calls]
+        if reply["op"] == "error":  # the served env raised: the model is told, the episode goes on
+            text = f"Error: the environment failed: {reply.get('message')}"
+            return [
+                ToolResult(text, is_error=True, error_type="exception", name=c.name, call_id=c.id)
+                for c in calls
+            ]
+        try:
+            raw = reply.get("results")
+            if not isinstance(raw, list) or len(raw) != len(calls):
+                raise WireError(f"expected {len(calls)} results, got {raw!r:.200}")
+            results = [result_from_dict(r) for r in raw]
+        except WireError as e:
+            await self._fail(f"bad reply to step: {e}")
+            return [self._transport_result(c) for c in calls]
+        if reply.get("fatal_error"):
+            self.fatal_error = f"server env: {reply['fatal_error']}"
+        return results
+
+    async def next_user_turn(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+        reply = await self._request({"op": "next_user", "messages": messages}, "user")
+        if reply is None:
+            return None
+        out = reply.get("messages")
+        if reply["op"] == "error" or not (out is None or isinstance(out, list)):
+            await self._fail(f"bad reply to next_user: {reply.get('message', reply)!r:.200}")
+            return None
+        return out
+
+    async def reward(self, transcript: Transcript) -> EnvReward:
+        reply = await self._request(
+            {"op": "reward", "transcript": transcript_to_dict(transcript)}, "reward"
+        )
+        if reply is not None and reply["op"] == "reward":
+            try:
+                return reward_from_dict(reply)
+            except WireError as e:
+                await self._fail(f"bad reply to reward: {e}")
+        elif reply is not None:
+            await self._fail(f"server could not score the episode: {reply.get('message')}")
+        return EnvReward(self.options.error_reward, {"env_error": 1.0})
+
+    async def close(self) -> None:
+        """Closing the socket ends the server's session (it closes its env); always safe."""
+        ws, self._ws = self._ws, None
+        if ws is not None:
+            try:
+                await asyncio.wait_for(ws.close(), timeout=2.0)
+            except Exception:
+                pass
+
+    # ---- rollback: the state stays on the server, we hold its id --------------------------------
+    def snapshot(self) -> Any:
+        raise NotImplementedError("RemoteEnv snapshots over the network: use `await asnapshot()`")
+
+    def restore(self, state: Any) -> None:
+        raise NotImplementedError("RemoteEnv restores over the network: use `await arestore()`")
+
+    async def asnapshot(self) -> int | None:
+        """A server-side snapshot id; ``None`` (and ``fatal_error`` set) if the server failed."""
+        if not self.supports_snapshot:
+            raise NotImplementedError("the served environment cannot snapshot its state")
+        reply = await self._request({"op": "snapshot"}, "snapshot")
+        if reply is not None and isinstance(reply.get("id"), int) and reply["op"] == "snapshot":
+            return reply["id"]
+        if reply is not None:
+            await self._fail(f"snapshot failed: {reply.get('message', reply)!r:.200}")
+        return None
+
+    async def arestore(self, state: int | None) -> None:
+        if not self.supports_snapshot:
+            raise NotImplementedError("the served environment cannot restore its state")
+        if state is None or self.fatal_error is not None:
+            return
+        reply = await self._request({"op": "restore", "id": state}, "restored")
+        if reply is not None and reply["op"] == "error":
+            await self._fail(f"restore failed: {reply.get('message')}")
+
+    # ---- transport ----------------------------------------------------------------------------
+    async def _request(self, msg: dict[str, Any], expect: str) -> dict[str, Any] | None:
+        """The server's reply (op ``expect`` or ``error``), or ``None`` once the episode is lost."""
+        if self.fatal_error is not None:
+            return None
+        op = msg["op"]
+        async with self._lock:
+            if self._ws is None:
+                await self._fail(f"{op} before reset (no connection)")
+                return None
+            try:
+                await asyncio.wait_for(
+                    self._ws.send(json.dumps(msg, default=str)), self.options.timeout_s
+                )
+                raw = await asyncio.wait_for(self._ws.recv(), self.options.timeout_s)
+            except asyncio.TimeoutError:
+                await self._fail(f"no reply to {op} within {self.options.timeout_s:g}s")
+                return None
+            except (OSError, WebSocketException) as e:
+                await self._fail(f"connection lost during {op}: {type(e).__name__}: {e}")
+                return None
+        try:
+            reply = json.loads(raw)
+        except (json.JSONDecodeError, TypeError, UnicodeDecodeError) as e:
+            await self._fail(f"reply to {op} is not JSON: {e}")
+            return None
+        if not isinstance(reply, dict) or reply.get("op") not in (expect, "error"):
+            await self._fail(f"unexpected reply to {op}: {str(reply)[:200]}")
+            return None
+        return reply
+
+    async def _fail(self, message: str) -> None:
+        if self.fatal_error is None:
+            self.fatal_error = f"remote env {self.options.url}: {message}"
+        await self.close()
+
+    def _transport_result(self, call: ToolCall) -> ToolResult:
+        return ToolResult(
+            f"Error: the environment server is unavailable ({self.fatal_error})",
+            is_error=True,
+            error_type="transport",
+            name=call.name,
+            call_id=call.id,
+        )
+
+
+@register_env("remote")
+def make_remote_env(task: Task, options: Mapping[str, Any]) -> RemoteEnv:
+    return RemoteEnv(task, RemoteOptions.parse(options))

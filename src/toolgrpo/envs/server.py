@@ -1,0 +1,289 @@
+"""Serve any registered environment over a WebSocket, one connection per episode.
+
+Running an environment in its own process (or machine) keeps heavy or fragile tools away from the
+trainer: if the server dies, only the episodes it was serving end, with an error reward.
+
+Protocol (JSON text frames; every request gets exactly one reply, in order)::
+
+    {"op": "reset", "task": {task_id, messages, ground_truth, data_source, task_type, tools, meta}}
+      -> {"op": "start", "messages": [...], "tools": [...], "max_turns": N, "single_turn": bool,
+          "snapshot": bool}
+    {"op": "step", "calls": [{name, arguments, raw, parse_error, id}, ...]}
+      -> {"op": "results", "results": [{text, is_error, error_type, name, call_id, metrics}, ...],
+          "fatal_error": str | null}
+    {"op": "next_user", "messages": [...]}          -> {"op": "user", "messages": [...] | null}
+    {"op": "reward", "transcript": {messages, text, stop_reason, num_turns, step}}
+      -> {"op": "reward", "score": x, "parts": {...}}
+    {"op": "snapshot"}                               -> {"op": "snapshot", "id": k}
+    {"op": "restore", "id": k}  (id defaults to the latest snapshot) -> {"op": "restored", "id": k}
+    {"op": "close"}                                  -> {"op": "closed"}, then the socket closes
+    anything unusable -> {"op": "error", "message": "...", "request": op | null} (session lives on)
+
+The first ``reset`` builds the session's environment with the server's fixed options (a client
+cannot change them); a second ``reset`` on the same connection is refused. Snapshots stay on the
+server, the client holds only their ids. ``GET /health`` is open; when the server has a token,
+``GET /info`` (else 401) and the ``/ws`` handshake (else 403) need ``Authorization: Bearer <tok>``.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from fastapi import Depends, FastAPI, Header, HTTPException, WebSocket, WebSocketDisconnect
+from starlette.websockets import WebSocketState
+
+from toolgrpo.envs.base import Env
+from toolgrpo.envs.registry import get_env_factory
+from toolgrpo.envs.wire import (
+    WireError,
+    call_from_dict,
+    is_loopback,
+    result_to_dict,
+    reward_to_dict,
+    task_from_dict,
+    transcript_from_dict,
+)
+
+log = logging.getLogger(__name__)
+
+PROTOCOL_VERSION = 1
+MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+
+
+def _error(message: str, request: str | None = None) -> dict[str, Any]:
+    return {"op": "error", "message": message, "request": request}
+
+
+def _authorized(header: str | None, token: str | None) -> bool:
+    if token is None:
+        return True
+    expected = f"Bearer {token}"
+    return header is not None and hmac.compare_digest(header.encode(), expected.encode())
+
+
+class _Session:
+    """One connection's episode: the env it built and the snapshots it took."""
+
+    def __init__(self, env_type: str, options: Mapping[str, Any]) -> None:
+        self.env_type = env_type
+        self.options = options
+        self.env: Env | None = None
+        self.snapshots: dict[int, Any] = {}
+        self._ops = {
+            "reset": self._reset,
+            "step": self._step,
+            "next_user": self._next_user,
+            "reward": self._reward,
+            "snapshot": self._snapshot,
+            "restore": self._restore,
+        }
+
+    async def handle(self, raw: str) -> dict[str, Any]:
+        """The reply to one frame; never raises (env failures become error replies)."""
+        try:
+            msg = json.loads(raw)
+        except json.JSONDecodeError as e:
+            return _error(f"bad JSON: {e}")
+        op = msg.get("op") if isinstance(msg, dict) else None
+        if not isinstance(op, str):
+            return _error("a message is a JSON object with a string field 'op'")
+        if op == "close":
+            await self.close()
+            return {"op": "closed"}
+        handler = self._ops.get(op)
+        if handler is None:
+            return _error(f"unknown op {op!r}; known: close, {', '.join(self._ops)}", op)
+        if op != "reset" and self.env is None:
+            return _error("no episode yet: send reset first", op)
+        try:
+            return await handler(msg)
+        except WireError as e:
+            return _error(str(e), op)
+        except Exception as e:  # an env bug must not take the server (or other sessions) down
+            log.exception("%s env failed on %s", self.env_type, op)
+            return _error(f"{op} failed: {type(e).__name__}: {e}", op)
+
+    async def _reset(self, msg: dict[str, Any]) -> dict[str, Any]:
+        if self.env is not None:
+            return _error("one episode per connection: open a new connection", "reset")
+        task = task_from_dict(msg.get("task"))
+        env = get_env_factory(self.env_type)(task, self.options)
+        try:
+            start = await env.reset()
+        except BaseException:
+            await env.close()
+            raise
+        self.env = env
+        return {
+            "op": "start",
+            "messages": start.messages,
+            "tools": start.tools,
+            "max_turns": env.max_turns,
+            "single_turn": env.single_turn,
+            "snapshot": bool(env.supports_snapshot),
+        }
+
+    async def _step(self, msg: dict[str, Any]) -> dict[str, Any]:
+        assert self.env is not None
+        calls = msg.get("calls")
+        if not isinstance(calls, list):
+            raise WireError("step: field 'calls' must be a list")
+        results = await self.env.step([call_from_dict(c) for c in calls])
+        return {
+            "op": "results",
+            "results": [result_to_dict(r) for r in results],
+            "fatal_error": self.env.fatal_error,
+        }
+
+    async def _next_user(self, msg: dict[str, Any]) -> dict[str, Any]:
+        assert self.env is not None
+        messages = msg.get("messages")
+        if not isinstance(messages, list):
+            raise WireError("next_user: field 'messages' must be a list")
+        return {"op": "user", "messages": await self.env.next_user_turn(messages)}
+
+    async def _reward(self, msg: dict[str, Any]) -> dict[str, Any]:
+        assert self.env is not None
+        reward = await self.env.reward(transcript_from_dict(msg.get("transcript")))
+        return {"op": "reward", **reward_to_dict(reward)}
+
+    async def _snapshot(self, msg: dict[str, Any]) -> dict[str, Any]:
+        assert self.env is not None
+        if not self.env.supports_snapshot:
+            return _error(f"environment {self.env_type!r} cannot snapshot its state", "snapshot")
+        sid = len(self.snapshots)
+        self.snapshots[sid] = self.env.snapshot()
+        return {"op": "snapshot", "id": sid}
+
+    async def _restore(self, msg: dict[str, Any]) -> dict[str, Any]:
+        assert self.env is not None
+        sid = msg.get("id", len(self.snapshots) - 1)
+        if not isinstance(sid, int) or sid not in self.snapshots:
+            return _error(f"no snapshot with id {sid!r}", "restore")
+        self.env.restore(self.snapshots[sid])
+        return {"op": "restored", "id": sid}
+
+    async def close(self) -> None:
+        env, self.env = self.env, None
+        self.snapshots.clear()
+        if env is not None:
+            try:
+                await env.close()
+            except Exception:
+                log.exception("%s env failed to close", self.env_type)
+
+
+def create_app(env_type: str, options: Mapping[str, Any], token: str | None = None) -> FastAPI:
+    """An app serving ``env_type``; raises ``EnvConfigError`` now if the type is unknown."""
+    factory = get_env_factory(env_type)
+    options = dict(options)
+    app = FastAPI(title=f"toolgrpo env: {env_type}", docs_url=None, redoc_url=None)
+    app.state.sessions = 0
+    # Known for env classes; for factory functions it is learnt from the first episode.
+    app.state.supports_snapshot = getattr(factory, "supports_snapshot", None)
+
+    def require_token(authorization: str | None = Header(default=None)) -> None:
+        if not _authorized(authorization, token):
+            raise HTTPException(status_code=401, detail="missing or wrong bearer token")
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/info", dependencies=[Depends(require_token)])
+    async def info() -> dict[str, Any]:
+        return {
+            "env_type": env_type,
+            "supports_snapshot": app.state.supports_snapshot,
+            "protocol": PROTOCOL_VERSION,
+            "sessions": app.state.sessions,
+        }
+
+    @app.websocket("/ws")
+    async def episode(websocket: WebSocket) -> None:
+        if not _authorized(websocket.headers.get("authorization"), token):
+            # Closing before accept refuses the handshake (HTTP 403). A 401 denial response would
+            # also work, but uvicorn then logs a spurious "returned without completing handshake".
+            await websocket.close(code=1008, reason="missing or wrong bearer token")
+            return
+        await websocket.accept()
+        session = _Session(env_type, options)
+        app.state.sessions += 1
+        try:
+            while True:
+                frame = await websocket.receive()
+                if frame["type"] == "websocket.disconnect":
+                    break
+                text = frame.get("text")
+                if text is None:
+                    text = (frame.get("bytes") or b"").decode("utf-8", "replace")
+                reply = await session.handle(text)
+                if session.env is not None:
+                    app.state.supports_snapshot = bool(session.env.supports_snapshot)
+                await websocket.send_text(json.dumps(reply, default=str))
+                if reply["op"] == "closed":
+                    break
+        except (WebSocketDisconnect, RuntimeError, OSError):  # client gone mid-reply
+            pass
+        finally:
+            app.state.sessions -= 1
+            await session.close()
+            if websocket.application_state == WebSocketState.CONNECTED:
+                try:
+                    await websocket.close()
+                except RuntimeError:
+                    pass
+
+    return app
+
+
+def parse_options(pairs: list[str]) -> dict[str, Any]:
+    """``key=value`` strings as env options; values read as YAML scalars (``3`` is an int)."""
+    import yaml
+
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--option expects key=value, got {pair!r}")
+        try:
+            out[key] = yaml.safe_load(value) if value else ""
+        except yaml.YAMLError:
+            out[key] = value
+    return out
+
+
+def serve(
+    env_type: str,
+    options: Mapping[str, Any],
+    host: str = "127.0.0.1",
+    port: int = 8900,
+    token: str | None = None,
+    access_log: bool = False,
+) -> None:
+    """Run the server until interrupted; refuses a non-loopback address without a token."""
+    if not is_loopback(host) and not token:
+        raise ValueError(
+            f"refusing to serve on {host!r} without a token: anyone who can reach it could run "
+            "the environment's tools. Pass --token (or set TOOLGRPO_ENV_TOKEN), or bind to "
+            "127.0.0.1"
+        )
+    import uvicorn
+
+    app = create_app(env_type, options, token)
+    # No keepalive pings: a trainer busy generating for a minute must not lose its sessions;
+    # a dead peer is noticed by the closed socket or the client's per-message timeout.
+    uvicorn.run(
+        app,
+        host=host,
+        port=port,
+        log_level="info",
+        access_log=access_log,  # one line per episode is noise at training scale
+        ws_max_size=MAX_MESSAGE_BYTES,
+        ws_ping_interval=None,
+        ws_ping_timeout=None,
+    )

@@ -1,0 +1,78 @@
+"""A generic environment from Python pieces: opening messages, a list of tools, a reward function.
+
+Enough for most tool-use tasks without writing an ``Env`` subclass; the reward function sees the
+finished ``Transcript`` and may be sync or async and return a float or an ``EnvReward``.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import logging
+import numbers
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from toolgrpo.envs.base import Env, EnvReward, EnvStart, Transcript
+from toolgrpo.tools.executor import run_tool_calls
+from toolgrpo.tools.schema import Tool
+from toolgrpo.tools.types import ToolCall, ToolResult
+
+log = logging.getLogger(__name__)
+
+RewardValue = EnvReward | float
+RewardFn = Callable[[Transcript], RewardValue | Awaitable[RewardValue]]
+
+
+class ToolEnv(Env):
+    """One episode: ``reset`` opens with ``messages`` and the tools' specs, ``step`` runs the
+    turn's calls in parallel, ``reward`` asks ``reward_fn``. A failing reward function scores
+    0 with ``reward_error`` set, so one bad episode does not stop a training run."""
+
+    def __init__(
+        self,
+        messages: Sequence[dict[str, Any]],
+        tools: Sequence[Tool],
+        reward_fn: RewardFn,
+        max_turns: int = 4,
+        timeout_s: float | None = 10.0,
+        max_parallel: int | None = None,
+    ) -> None:
+        if max_turns < 1:
+            raise ValueError(f"max_turns must be >= 1, got {max_turns}")
+        by_name: dict[str, Tool] = {}
+        for t in tools:
+            if t.name in by_name:
+                raise ValueError(f"duplicate tool name {t.name!r}")
+            by_name[t.name] = t
+        self.messages = [dict(m) for m in messages]
+        self.tools = by_name
+        self.reward_fn = reward_fn
+        self.max_turns = max_turns
+        self.timeout_s = timeout_s
+        self.max_parallel = max_parallel
+
+    async def reset(self) -> EnvStart:
+        # A deep copy: the episode loop appends to and may edit its messages.
+        return EnvStart(copy.deepcopy(self.messages), [t.spec() for t in self.tools.values()])
+
+    async def step(self, calls: list[ToolCall]) -> list[ToolResult]:
+        return await run_tool_calls(self.tools, calls, self.timeout_s, self.max_parallel)
+
+    async def reward(self, transcript: Transcript) -> EnvReward:
+        try:
+            value = self.reward_fn(transcript)
+            if inspect.isawaitable(value):
+                value = await value
+            return _as_reward(value)
+        except Exception:
+            log.exception("reward function failed; scoring the episode 0")
+            return EnvReward(0.0, {"reward_error": 1.0})
+
+
+def _as_reward(value: Any) -> EnvReward:
+    if isinstance(value, EnvReward):
+        return value
+    if isinstance(value, numbers.Real):  # float, int, numpy scalars
+        return EnvReward(float(value))
+    raise TypeError(f"reward_fn must return a float or EnvReward, got {type(value).__name__}")

@@ -1,0 +1,75 @@
+"""``toolgrpo infer``: play one episode for a prompt and print its turns, tool calls and results."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+from typing import Any
+
+from rich.console import Console
+from rich.panel import Panel
+
+from toolgrpo.config.loader import load_config
+from toolgrpo.config.schema import TrainConfig
+from toolgrpo.data.task import Task
+from toolgrpo.eval.cli import apply_checkpoint
+from toolgrpo.eval.evaluate import val_sampling_params
+from toolgrpo.models.loading import load_policy
+from toolgrpo.rewards.types import RllaFlags
+from toolgrpo.rollout.batcher import GenerationBatcher
+from toolgrpo.rollout.episode import Episode
+from toolgrpo.rollout.hf import HFGenerator
+from toolgrpo.rollout.multi_turn import play_task
+from toolgrpo.trainer.episodes import episode_limits, make_router
+
+_STYLE = {"system": "dim", "user": "cyan", "assistant": "green", "tool": "yellow"}
+
+
+def run_infer(
+    config_path: str | None,
+    overrides: list[str],
+    prompt: str,
+    task_type: str,
+    checkpoint: str | None = None,
+    ground_truth: str = "",
+    system: str | None = None,
+    sample: bool = False,
+    console: Console | None = None,
+) -> Episode:
+    """One episode of ``prompt`` in the environment of ``task_type``; printed and returned."""
+    cfg = load_config(TrainConfig, config_path, overrides)
+    if checkpoint:
+        apply_checkpoint(cfg, checkpoint)
+    router = make_router(cfg, RllaFlags(**vars(cfg.reward.rlla)))
+    router.check({task_type})
+    policy = load_policy(cfg.actor_rollout_ref.model, trainable=False)
+    messages: list[dict[str, Any]] = [{"role": "user", "content": prompt}]
+    if system:
+        messages.insert(0, {"role": "system", "content": system})
+    task = Task("infer", tuple(messages), ground_truth, task_type, task_type)
+    r = cfg.actor_rollout_ref.rollout
+    params = val_sampling_params(cfg)
+    if sample:
+        params = replace(params, do_sample=True, temperature=r.temperature, top_p=r.top_p)
+    gen = HFGenerator(policy.model, policy.tokenizer, policy.dtype, 1)
+    batcher = GenerationBatcher(gen, params)
+    try:
+        ep = asyncio.run(
+            play_task(task, router.make(task), batcher, policy.tokenizer, episode_limits(cfg))
+        )
+    finally:
+        batcher.close()
+    print_episode(ep, console or Console())
+    return ep
+
+
+def print_episode(ep: Episode, console: Console) -> None:
+    for m in ep.messages:
+        role = m.get("role", "?")
+        title = role if role != "tool" else f"tool · {m.get('name') or '?'}"
+        console.print(Panel(str(m.get("content", "")), title=title, style=_STYLE.get(role, "")))
+    parts = ", ".join(f"{k}={v:.3g}" for k, v in ep.reward_parts.items())
+    console.print(
+        f"turns={ep.num_turns} tool_calls={ep.tool_calls} tool_errors={ep.tool_errors} "
+        f"stop={ep.stop_reason} reward={ep.reward:.3f}" + (f" ({parts})" if parts else "")
+    )

@@ -1,0 +1,52 @@
+"""One task played to the end as one training sample.
+
+The episode's response is every token after the opening prompt: the policy's own samples (mask 1,
+with the log-probs they were drawn with) and the rendered deltas between turns — tool results,
+follow-up user turns, the template's turn markers (mask 0, log-prob 0).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+STOP_REASONS = ("answer", "max_turns", "context", "length", "env_error", "prompt_too_long")
+
+
+@dataclass
+class Episode:
+    task_id: str
+    task_type: str
+    uid: str  # the GRPO group: all episodes of one task in one step share it
+    prompt_ids: list[int]
+    response_ids: list[int] = field(default_factory=list)
+    response_mask: list[int] = field(default_factory=list)  # 1 = sampled by the policy
+    logprobs: list[float] = field(default_factory=list)  # sampling log-probs (0.0 where mask 0)
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    reward: float = 0.0
+    reward_parts: dict[str, float] = field(default_factory=dict)
+    num_turns: int = 0  # assistant turns
+    truncated: bool = False
+    stop_reason: str = "answer"
+    policy_version: int = 0
+    tool_calls: int = 0
+    tool_errors: int = 0
+    tool_error_types: dict[str, int] = field(default_factory=dict)
+    prefix_mismatches: int = 0  # turns whose re-rendered text did not extend the tokens exactly
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def append(self, ids: list[int], logprobs: list[float] | None) -> None:
+        """Sampled ids (with their log-probs, mask 1) or a rendered delta (``None``: mask 0)."""
+        if logprobs is not None and len(logprobs) != len(ids):
+            raise ValueError(f"{len(ids)} ids but {len(logprobs)} log-probs")
+        self.response_ids.extend(ids)
+        self.response_mask.extend([1 if logprobs is not None else 0] * len(ids))
+        self.logprobs.extend(logprobs if logprobs is not None else [0.0] * len(ids))
+
+    @property
+    def length(self) -> int:
+        return len(self.prompt_ids) + len(self.response_ids)
+
+    @property
+    def sampled_tokens(self) -> int:
+        return sum(self.response_mask)

@@ -1,0 +1,96 @@
+"""Chat-template rendering for episodes: the opening prompt with tools, and each turn's delta.
+
+A template that knows ``tools=`` (Qwen2.5, Llama 3.1, ...) renders the tool specs itself; for one
+that does not (SmolLM2's plain ChatML) the specs go into the system message as a hermes-style
+block, so every model sees the same contract: JSON specs in, ``<tool_call>`` JSON out.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+_TOOLS_HEADER = (
+    "You can use the functions listed below. Their JSON signatures are inside <tools></tools>:\n"
+    "<tools>\n{specs}\n</tools>\n"
+    "To call a function, write one JSON object per call inside <tool_call></tool_call> tags:\n"
+    '<tool_call>\n{{"name": "<function name>", "arguments": {{<arguments as JSON>}}}}\n'
+    "</tool_call>\n"
+    "Function results come back inside <tool_response></tool_response> tags."
+)
+
+
+def template_supports_tools(tokenizer: Any) -> bool:
+    template = getattr(tokenizer, "chat_template", None) or ""
+    return "tools" in template if isinstance(template, str) else False
+
+
+def tools_block(tools: Sequence[dict[str, Any]]) -> str:
+    specs = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
+    return _TOOLS_HEADER.format(specs=specs)
+
+
+def with_tools(
+    tokenizer: Any, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+    """Messages and the ``tools=`` argument to render them with."""
+    msgs = [dict(m) for m in messages]
+    if not tools:
+        return msgs, None
+    if template_supports_tools(tokenizer):
+        return msgs, list(tools)
+    block = tools_block(tools)
+    if msgs and msgs[0].get("role") == "system":
+        msgs[0]["content"] = f"{msgs[0]['content']}\n\n{block}"
+    else:
+        msgs.insert(0, {"role": "system", "content": block})
+    return msgs, None
+
+
+def render_text(
+    tokenizer: Any,
+    messages: Sequence[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    add_generation_prompt: bool,
+) -> str:
+    kwargs: dict[str, Any] = {"tokenize": False, "add_generation_prompt": add_generation_prompt}
+    if tools:
+        kwargs["tools"] = tools
+    return tokenizer.apply_chat_template(list(messages), **kwargs)
+
+
+def encode(tokenizer: Any, text: str) -> list[int]:
+    """Text that already carries the template's special tokens → ids (no BOS added)."""
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def decode(tokenizer: Any, ids: Sequence[int]) -> str:
+    return tokenizer.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+
+def delta_text(
+    tokenizer: Any,
+    stream_text: str,
+    history: Sequence[dict[str, Any]],
+    new_messages: Sequence[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+) -> tuple[str, bool]:
+    """The text to append after the tokens so far (decoded as ``stream_text``) so the episode
+    continues with ``new_messages`` and the next generation prompt.
+
+    Returns ``(delta, exact)``: ``exact`` is True when the full re-rendered conversation extends the
+    token stream exactly; otherwise (a template that rewrites earlier turns, a sampled text that
+    does not re-render the same) the delta is the template's own rendering of the new turns and
+    the caller records a mismatch.
+    """
+    full = render_text(tokenizer, [*history, *new_messages], tools, True)
+    if full.startswith(stream_text):
+        return full[len(stream_text) :], True
+    base = render_text(tokenizer, history, tools, False)
+    if full.startswith(base):
+        return full[len(base) :], False
+    # The template rewrites history when new turns arrive: render the new turns on their own.
+    alone = render_text(tokenizer, [*history[:1], *new_messages], tools, True)
+    head = render_text(tokenizer, history[:1], tools, False)
+    return alone[len(head) :] if alone.startswith(head) else alone, False

@@ -1,0 +1,60 @@
+"""Per-step metrics of multi-turn episodes, overall and per task type (pure)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from statistics import fmean
+
+from toolgrpo.rollout.episode import STOP_REASONS, Episode
+
+
+def _summary(eps: Sequence[Episode], prefix: str) -> dict[str, float]:
+    calls = sum(e.tool_calls for e in eps)
+    m = {
+        f"{prefix}reward/mean": fmean(e.reward for e in eps),
+        f"{prefix}turns/mean": fmean(e.num_turns for e in eps),
+        f"{prefix}tool_calls/mean": fmean(e.tool_calls for e in eps),
+        f"{prefix}tool_errors/mean": fmean(e.tool_errors for e in eps),
+        f"{prefix}tool_error_rate": sum(e.tool_errors for e in eps) / calls if calls else 0.0,
+        f"{prefix}truncated_frac": fmean(float(e.truncated) for e in eps),
+    }
+    parts: dict[str, list[float]] = defaultdict(list)
+    for e in eps:
+        for k, v in e.reward_parts.items():
+            parts[k].append(v)
+    for k, vals in parts.items():
+        m[f"{prefix}reward/{k}/mean"] = fmean(vals)
+    return m
+
+
+def episode_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
+    if not episodes:
+        return {}
+    m = _summary(episodes, "episode/")
+    lengths = [len(e.response_ids) for e in episodes]
+    m.update(
+        {
+            "response_length/mean": fmean(lengths),
+            "response_length/max": float(max(lengths)),
+            "response_length/sampled_mean": fmean(e.sampled_tokens for e in episodes),
+            "response_length/clip_ratio": fmean(float(e.truncated) for e in episodes),
+            "prompt_length/mean": fmean(len(e.prompt_ids) for e in episodes),
+            "rollout/prefix_mismatch": float(sum(e.prefix_mismatches for e in episodes)),
+            "rollout/env_errors": float(sum(e.stop_reason == "env_error" for e in episodes)),
+        }
+    )
+    for reason in STOP_REASONS:
+        m[f"episode/stop/{reason}"] = fmean(float(e.stop_reason == reason) for e in episodes)
+    errors: dict[str, int] = defaultdict(int)
+    for e in episodes:
+        for k, v in e.tool_error_types.items():
+            errors[k] += v
+    for k, v in errors.items():
+        m[f"episode/tool_errors/{k}"] = float(v)
+    by_type: dict[str, list[Episode]] = defaultdict(list)
+    for e in episodes:
+        by_type[e.task_type].append(e)
+    for t, eps in sorted(by_type.items()):
+        m.update(_summary(eps, f"episode/{t}/"))
+    return m
