@@ -1,4 +1,4 @@
-"""``toolgrpo train | eval | sft | serve-env``: a YAML file and/or dotted overrides, as in verl."""
+"""``toolgrpo train | eval | sft | infer | serve-env``: a YAML file and/or dotted overrides, as in verl."""
 
 from __future__ import annotations
 
@@ -61,6 +61,25 @@ def cmd_sft(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_infer(args: argparse.Namespace) -> int:
+    from toolgrpo.infer import run_infer
+
+    path, overrides = _split(args.rest[:-1])
+    if not args.rest:
+        raise FileNotFoundError("toolgrpo infer needs a prompt (the last argument)")
+    run_infer(
+        path,
+        overrides,
+        args.rest[-1],
+        args.task_type,
+        checkpoint=args.checkpoint,
+        ground_truth=args.ground_truth,
+        system=args.system,
+        sample=args.sample,
+    )
+    return 0
+
+
 def cmd_serve_env(args: argparse.Namespace) -> int:
     import importlib
 
@@ -95,6 +114,16 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("sft", help="supervised fine-tuning: [config.yaml] [key=value ...]")
     p.add_argument("rest", nargs=argparse.REMAINDER)
     p.set_defaults(func=cmd_sft)
+    p = sub.add_parser(
+        "infer", help="play one episode: [options] [config.yaml] [key=value ...] PROMPT"
+    )
+    p.add_argument("--task-type", default="calculator", help="which environment plays it")
+    p.add_argument("--checkpoint", help="a checkpoint dir (global_step_N) or an HF model dir")
+    p.add_argument("--ground-truth", default="", help="the answer, to print the env's reward")
+    p.add_argument("--system", default=None, help="an extra system message")
+    p.add_argument("--sample", action="store_true", help="sample instead of greedy decoding")
+    p.add_argument("rest", nargs=argparse.REMAINDER)
+    p.set_defaults(func=cmd_infer)
     p = sub.add_parser("serve-env", help="serve an environment over WebSocket")
     p.add_argument("name", help="a registered environment type, e.g. calculator")
     p.add_argument("--host", default="127.0.0.1", help="non-loopback addresses need a token")
@@ -113,11 +142,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     from toolgrpo.config.loader import ConfigError
     from toolgrpo.data.loader import DataError
+    from toolgrpo.envs.registry import EnvConfigError
     from toolgrpo.models.registry import ModelNotFound
 
     try:
         return args.func(args)
-    except (ConfigError, DataError, ModelNotFound, FileNotFoundError) as e:
+    except (ConfigError, DataError, ModelNotFound, FileNotFoundError, EnvConfigError) as e:
         print(f"toolgrpo {args.command}: error: {e}", file=sys.stderr)
         return 2
 

@@ -59,17 +59,18 @@ def run_infer(
         )
     finally:
         batcher.close()
-    print_episode(ep, console or Console())
+    print_episode(ep, console or Console(), scored=bool(ground_truth))
     return ep
 
 
-def print_episode(ep: Episode, console: Console) -> None:
+def print_episode(ep: Episode, console: Console, scored: bool = True) -> None:
     for m in ep.messages:
         role = m.get("role", "?")
         title = role if role != "tool" else f"tool · {m.get('name') or '?'}"
         console.print(Panel(str(m.get("content", "")), title=title, style=_STYLE.get(role, "")))
     parts = ", ".join(f"{k}={v:.3g}" for k, v in ep.reward_parts.items())
+    reward = f"reward={ep.reward:.3f}" + (f" ({parts})" if parts else "")
     console.print(
         f"turns={ep.num_turns} tool_calls={ep.tool_calls} tool_errors={ep.tool_errors} "
-        f"stop={ep.stop_reason} reward={ep.reward:.3f}" + (f" ({parts})" if parts else "")
+        f"stop={ep.stop_reason} " + (reward if scored else "reward=n/a (no --ground-truth)")
     )
