@@ -37,9 +37,9 @@ class LoadedData:
     problems: list[RowProblem]
 
 
-def embedded_path(name: str) -> Path:
-    """Path of a file shipped in ``toolgrpo/data/rlla``."""
-    return Path(str(resources.files("toolgrpo.data").joinpath("rlla", name)))
+def embedded_path(name: str, folder: str = "rlla") -> Path:
+    """Path of a file shipped in ``toolgrpo/data/<folder>``."""
+    return Path(str(resources.files("toolgrpo.data").joinpath(folder, name)))
 
 
 def read_rows(path: str | Path) -> Iterator[dict[str, Any] | Exception]:
@@ -156,6 +156,16 @@ def _embedded_rows(name: str) -> Iterator[dict[str, Any] | Exception]:
         )
 
 
+# Generated environment tasks shipped in toolgrpo/data/envs (scripts/make_env_data.py).
+ENV_DATASETS = ("calculator", "search")
+
+
+def _embedded_env_rows(env: str, name: str) -> Iterator[dict[str, Any] | Exception]:
+    if name not in ("train", "test"):
+        raise DataError(f"unknown embedded dataset '{env}:{name}' (have {env}:train, {env}:test)")
+    return read_rows(embedded_path(f"{env}_{name}.jsonl", "envs"))
+
+
 def prompt_key(contents: Iterable[str]) -> str:
     """A content key for a prompt, used to keep the held-out test split out of training data."""
     return "\x1e".join(c.strip() for c in contents)
@@ -182,7 +192,8 @@ def load_tasks(
     max_samples: int = -1,
     check: RowCheck | None = None,
 ) -> LoadedData:
-    """Load tasks from files or embedded names (``rlla:train``), validating every row."""
+    """Load tasks from files or embedded names (``rlla:train``, ``calculator:test``), validating
+    every row."""
     if bad_rows not in ("skip", "error"):
         raise DataError(f"data.bad_rows must be 'skip' or 'error', got {bad_rows!r}")
     tasks: list[Task] = []
@@ -190,13 +201,20 @@ def load_tasks(
     for spec in [specs] if isinstance(specs, str) else specs:
         if spec.startswith("rlla:"):
             rows, source = _embedded_rows(spec.split(":", 1)[1]), spec
+        elif spec.startswith("bfcl_multi_turn:"):
+            # BFCL multi-turn only, read from the installed bfcl-eval package (imported lazily).
+            from toolgrpo.envs._bfcl_data import bfcl_tasks
+
+            rows, source = iter(bfcl_tasks(spec)), spec
+        elif spec.partition(":")[0] in ENV_DATASETS:
+            rows, source = _embedded_env_rows(*spec.split(":", 1)), spec
         else:
             rows, source = read_rows(spec), str(spec)
         for i, row in enumerate(rows):
             try:
                 if isinstance(row, Exception):
                     raise ValueError(f"not valid JSON ({row})")
-                task = row_to_task(row, source, i)
+                task = row if isinstance(row, Task) else row_to_task(row, source, i)
                 if check is not None:
                     check(task)
             except ValueError as e:

@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass, fields
 
 from toolgrpo.data.task import Task
+from toolgrpo.envs.registry import env_types
 from toolgrpo.rewards.rlla import compute_score, extract_answer, parse_tool_calls
 from toolgrpo.rewards.types import RllaFlags
 
@@ -28,7 +29,10 @@ def supports(data_source: str) -> bool:
 
 
 def check_task(task: Task) -> None:
-    """Refuse at load time a task no reward can score (unknown source, malformed ground truth)."""
+    """Refuse at load time a task no reward can score (unknown source, malformed ground truth).
+    Task types with a built-in or registered environment are scored there, not here."""
+    if task.task_type != "rlla" and task.task_type in env_types():
+        return
     if not supports(task.data_source):
         raise ValueError(f"no reward for data_source {task.data_source!r} (known: rlla)")
     compute_score("", task.ground_truth, 0, _PLAIN)  # raises ValueError on a malformed GT
