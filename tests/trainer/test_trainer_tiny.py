@@ -283,7 +283,12 @@ def test_validation_during_training(make_train_config, tmp_path):
     cfg = make_train_config(
         steps=2,
         out=out,
-        **{"trainer.test_freq": 2, "trainer.val_before_train": "true", "data.val_batch_size": 3},
+        **{
+            "trainer.test_freq": 2,
+            "trainer.val_before_train": "true",
+            "data.val_batch_size": 3,
+            "data.val_max_samples": 5,
+        },
     )
     Trainer(cfg).fit()
     recs = read_metrics(out)
@@ -291,6 +296,7 @@ def test_validation_during_training(make_train_config, tmp_path):
     for r in (recs[0], recs[2]):
         for k in ("val/reward/mean", "val/format_rate", "val/exact_call_rate"):
             assert k in r and math.isfinite(r[k])
+        assert r["val/num_tasks"] == 5  # the first five of the eight val rows
     assert "val/reward/mean" not in recs[1]
 
 

@@ -24,6 +24,7 @@ class DataConfig:
     seed: int = 0
     bad_rows: str = "skip"  # "skip" reports and drops malformed rows; "error" refuses the file
     max_samples: int = -1  # -1 = all rows
+    val_max_samples: int = -1  # validation during training on the first N val tasks; -1 = all
 
 
 @dataclass
@@ -201,6 +202,55 @@ class AsyncTrainingConfig:
 
 
 @dataclass
+class MixtureScheduleConfig:
+    """How often the actor samples (α) rather than a fixed policy; see ``toolgrpo.mixture``."""
+
+    type: str = "constant"  # constant | linear | exponential | step
+    alpha: float = 0.5  # constant: probability that the actor samples a step (or group)
+    alpha0: float = 0.0  # linear: α = alpha0 + beta * step, capped at max_alpha
+    beta: float = 0.05
+    max_alpha: float = 1.0  # cap for linear and exponential
+    gamma: float = 0.1  # exponential: α = 1 - exp(-gamma * step)
+    switch_steps: list[int] = field(default_factory=list)  # step: the policy flips at each
+    initial_policy: str = "fixed"  # step: who samples before the first switch (actor | fixed)
+    seed: int | None = None  # None = trainer.seed
+    per_sample: bool = False  # False: one policy per step; True: one per prompt group
+
+
+@dataclass
+class FixedPolicyConfig:
+    """One more fixed policy; unset fields take ``rollout_only``'s value, then the actor's."""
+
+    model_path: str = ""
+    adapter_path: str = ""
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    weight: float = 1.0  # share among fixed policies when a fixed policy samples
+
+
+@dataclass
+class RolloutOnlyConfig:
+    """A fixed (frozen) policy that shares rollout duty with the actor, corrected by importance
+    sampling. Off unless ``model_path`` is set; unset (None) sampling fields inherit
+    ``actor_rollout_ref.rollout``'s."""
+
+    model_path: str = ""  # HF dir, .gguf file, or alias, like actor_rollout_ref.model.path
+    adapter_path: str = ""  # a LoRA adapter on top of it
+    dtype: str | None = None  # None = actor_rollout_ref.model.dtype
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    generation_batch_size: int | None = None
+    weight: float = 1.0  # share of this policy among the fixed ones
+    extra_policies: list[FixedPolicyConfig] = field(default_factory=list)
+    schedule: MixtureScheduleConfig = field(default_factory=MixtureScheduleConfig)
+    is_correction: str = "ppo_clip"  # ppo_clip | tis_token | tis_seq
+    is_threshold: float = 2.0  # truncation C of the tis_* weights min(w, C)
+    offload: bool = False  # load the fixed model only for the steps that use it, free it after
+
+
+@dataclass
 class TrainConfig:
     data: DataConfig = field(default_factory=DataConfig)
     actor_rollout_ref: ActorRolloutRefConfig = field(default_factory=ActorRolloutRefConfig)
@@ -209,6 +259,7 @@ class TrainConfig:
     reward: RewardConfig = field(default_factory=RewardConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     async_training: AsyncTrainingConfig = field(default_factory=AsyncTrainingConfig)
+    rollout_only: RolloutOnlyConfig = field(default_factory=RolloutOnlyConfig)
 
 
 def as_dict(cfg: Any) -> dict:

@@ -49,6 +49,7 @@ class EvalResult:
             f"{prefix}/reward/correctness/mean": self.correctness_mean,
             f"{prefix}/format_rate": self.format_rate,
             f"{prefix}/exact_call_rate": self.exact_call_rate,
+            f"{prefix}/num_tasks": float(self.num_tasks),
         }
 
     def to_dict(self) -> dict[str, Any]:

@@ -23,7 +23,7 @@ from toolgrpo.algos import (
     token_level_rewards,
 )
 from toolgrpo.algos.utils import masked_mean
-from toolgrpo.config.loader import to_yaml
+from toolgrpo.config.loader import ConfigError, to_yaml
 from toolgrpo.config.schema import TrainConfig
 from toolgrpo.config.validate import validate_train_config
 from toolgrpo.data.loader import load_tasks
@@ -91,6 +91,12 @@ class Trainer:
         self.kl_ctrl = get_kl_controller(kc.type, kc.kl_coef, kc.target_kl, kc.horizon)
         self.flags = RllaFlags(**asdict(cfg.reward.rlla))
         self.episodes: EpisodeRunner | None = None
+        others = sorted({t.task_type for t in self.tasks} - {"rlla"})
+        if others and not r.multi_turn.enable:
+            raise ConfigError(
+                f"task types {', '.join(others)} are played in environments: set "
+                "actor_rollout_ref.rollout.multi_turn.enable=true"
+            )
         if r.multi_turn.enable:
             router = make_router(cfg, self.flags)
             router.check({t.task_type for t in self.tasks})
@@ -300,7 +306,7 @@ class Trainer:
         """Same tasks and settings as ``toolgrpo eval`` (long prompts truncated, not dropped)."""
         d = self.cfg.data
         if self._val_tasks is None:
-            self._val_tasks = load_tasks(d.val_files, d.bad_rows, -1, check_task).tasks
+            self._val_tasks = load_tasks(d.val_files, d.bad_rows, d.val_max_samples, check_task).tasks
         if self.episodes is not None:
             eps = self.episodes.play(self._val_tasks, val_sampling_params(self.cfg), step, self.step)
             return {f"val/{k}": v for k, v in episode_metrics(eps).items()}
