@@ -17,7 +17,7 @@ _TOOLS_HEADER = (
     "To call a function, write one JSON object per call inside <tool_call></tool_call> tags:\n"
     '<tool_call>\n{{"name": "<function name>", "arguments": {{<arguments as JSON>}}}}\n'
     "</tool_call>\n"
-    "Function results come back inside <tool_response></tool_response> tags."
+    "Each result comes back in a message from the tool; then continue, or give your answer."
 )
 
 
