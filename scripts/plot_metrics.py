@@ -1,4 +1,5 @@
-"""Plot reward curves from a run's metrics.jsonl into a PNG (used for the README's figure).
+"""Plot a run's reward curves from metrics.jsonl into a PNG (the README's figure): the training
+batch means (left) and, when the run validated, the fixed held-out set scored greedily (right).
 
 python scripts/plot_metrics.py outputs/grpo_smollm2_rlla/metrics.jsonl docs/img/grpo_reward.png
 """
@@ -14,26 +15,37 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-KEYS = [
+TRAIN = [
     ("reward/mean", "total"),
     ("reward/format/mean", "format"),
     ("reward/correctness/mean", "correctness"),
     ("reward/format_rate", "format rate"),
 ]
+VAL = [(f"val/{k}", label) for k, label in TRAIN]
+
+
+def _panel(ax, rows, keys, title: str) -> None:
+    for key, label in keys:
+        pts = [(r["step"], r[key]) for r in rows if key in r]
+        if pts:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
+    ax.set_xlabel("GRPO step")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
 
 
 def main(metrics: str, out: str) -> None:
     rows = [json.loads(x) for x in Path(metrics).read_text().splitlines() if x.strip()]
-    steps = [r["step"] for r in rows]
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for key, label in KEYS:
-        if all(key in r for r in rows):
-            ax.plot(steps, [r[key] for r in rows], marker="o", label=label)
-    ax.set_xlabel("GRPO step")
-    ax.set_ylabel("reward (batch mean)")
-    ax.set_title(Path(metrics).parent.name)
-    ax.grid(alpha=0.3)
-    ax.legend()
+    has_val = any("val/reward/mean" in r for r in rows)
+    fig, axes = plt.subplots(1, 2 if has_val else 1, figsize=(11 if has_val else 7, 4))
+    axes = list(axes) if has_val else [axes]
+    _panel(axes[0], rows, TRAIN, "training batch (sampled, T=1)")
+    axes[0].set_ylabel("reward")
+    if has_val:
+        n = next(int(r["val/num_tasks"]) for r in rows if "val/num_tasks" in r)
+        _panel(axes[1], rows, VAL, f"held-out RLLA test tasks (first {n}, greedy)")
+    fig.suptitle(Path(metrics).parent.name)
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
