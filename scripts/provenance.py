@@ -31,8 +31,14 @@ def main(run_dir: str) -> None:
         "loss_final": sft["final_loss"],
         "eval_rlla_test": {
             k: ev.get(k)
-            for k in ("num_tasks", "reward_mean", "format_mean", "correctness_mean",
-                      "format_rate", "exact_call_rate")
+            for k in (
+                "num_tasks",
+                "reward_mean",
+                "format_mean",
+                "correctness_mean",
+                "format_rate",
+                "exact_call_rate",
+            )
         },
         "versions": {
             "toolgrpo": toolgrpo.__version__,

@@ -26,6 +26,7 @@ def test_infer_prints_the_episode(tiny_model_dir):
 
 
 def test_infer_unknown_task_type_is_a_clear_error(tiny_model_dir, capsys):
-    code = main(["infer", "--task-type", "nope", f"actor_rollout_ref.model.path={tiny_model_dir}",
-                 "hello"])
+    code = main(
+        ["infer", "--task-type", "nope", f"actor_rollout_ref.model.path={tiny_model_dir}", "hello"]
+    )
     assert code == 2 and "no environment for task_type 'nope'" in capsys.readouterr().err

@@ -1,4 +1,4 @@
-"""``toolgrpo train | eval | sft | infer | serve-env``: a YAML file and/or dotted overrides, as in verl."""
+"""``toolgrpo train | eval | sft | infer | serve-env``: YAML plus dotted overrides, as in verl."""
 
 from __future__ import annotations
 

@@ -4,7 +4,6 @@ everything else (tool output, template markers, follow-up user turns) is mask 0.
 from __future__ import annotations
 
 import asyncio
-import json
 from dataclasses import dataclass, field
 
 import pytest
@@ -66,16 +65,27 @@ class AddEnv(Env):
         self.asked = False
 
     async def reset(self) -> EnvStart:
-        spec = {"type": "function", "function": {"name": "add", "description": "a+b",
-                "parameters": {"type": "object", "properties": {"a": {"type": "integer"},
-                               "b": {"type": "integer"}}, "required": ["a", "b"]}}}
+        spec = {
+            "type": "function",
+            "function": {
+                "name": "add",
+                "description": "a+b",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                    "required": ["a", "b"],
+                },
+            },
+        }
         return EnvStart([{"role": "user", "content": f"what is {self.q}?"}], [spec])
 
     async def step(self, calls: list[ToolCall]) -> list[ToolResult]:
         if self.fail:
             return [ToolResult("Error: boom", True, "exception", c.name, c.id) for c in calls]
-        return [ToolResult(f"RESULT={c.arguments['a'] + c.arguments['b']}", name=c.name,
-                           call_id=c.id) for c in calls]
+        return [
+            ToolResult(f"RESULT={c.arguments['a'] + c.arguments['b']}", name=c.name, call_id=c.id)
+            for c in calls
+        ]
 
     async def next_user_turn(self, messages):
         if self.follow_up and not self.asked:
@@ -101,7 +111,10 @@ def _spans(mask: list[int]) -> list[tuple[int, int, int]]:
     return spans
 
 
-def _play(tok, turns, env, limits=EpisodeLimits(max_response_length=400)):
+LIMITS = EpisodeLimits(max_response_length=400)
+
+
+def _play(tok, turns, env, limits=LIMITS):
     gen = ScriptedGenerator(tok, turns)
     batcher = GenerationBatcher(gen, SamplingParams(max_new_tokens=64))
     ep = asyncio.run(play_task(TASK, env, batcher, tok, limits, uid="u"))
@@ -135,7 +148,7 @@ def test_mask_zero_tokens_are_template_and_tool_output(tok):
 def test_each_generation_prompt_extends_the_previous_tokens(tok):
     _, gen = _play(tok, [CALL, CALL, "<answer>5</answer>"], AddEnv())
     prompts = [c[0] for c in gen.calls]
-    for prev, nxt in zip(prompts, prompts[1:]):
+    for prev, nxt in zip(prompts, prompts[1:], strict=False):
         assert nxt[: len(prev)] == prev
 
 

@@ -27,8 +27,14 @@ def test_multi_turn_rlla_run_logs_episode_metrics(make_train_config, tmp_path):
     recs = read_metrics(out)
     assert [r["step"] for r in recs] == [1, 2]
     for r in recs:
-        for key in ("episode/reward/mean", "episode/rlla/turns/mean", "episode/stop/answer",
-                    "episode/reward/format/mean", "rollout/prefix_mismatch", "reward/mean"):
+        for key in (
+            "episode/reward/mean",
+            "episode/rlla/turns/mean",
+            "episode/stop/answer",
+            "episode/reward/format/mean",
+            "rollout/prefix_mismatch",
+            "reward/mean",
+        ):
             assert key in r and math.isfinite(r[key]), key
         assert r["episode/rlla/turns/mean"] == 1.0  # RLLA is single-turn
         assert r["batch/size"] == 4

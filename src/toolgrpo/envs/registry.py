@@ -83,7 +83,9 @@ class EnvRouter:
         for task_type, raw in (specs or {}).items():
             opts = dict(raw or {})
             env_type = str(opts.pop("type", task_type))
-            max_turns = int(opts.pop("max_turns", DEFAULT_SPECS.get(env_type, EnvSpec("", 4)).max_turns))
+            max_turns = int(
+                opts.pop("max_turns", DEFAULT_SPECS.get(env_type, EnvSpec("", 4)).max_turns)
+            )
             if max_turns < 1:
                 raise EnvConfigError(f"envs.{task_type}.max_turns must be >= 1, got {max_turns}")
             get_env_factory(env_type)  # fail at startup, not mid-run

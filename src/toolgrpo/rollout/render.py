@@ -66,7 +66,9 @@ def encode(tokenizer: Any, text: str) -> list[int]:
 
 
 def decode(tokenizer: Any, ids: Sequence[int]) -> str:
-    return tokenizer.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
+    return tokenizer.decode(
+        list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False
+    )
 
 
 def delta_text(

@@ -106,8 +106,10 @@ class AsyncRollout:
             for step in range(self.start_step, self.end_step + 1):
                 with self._versions:  # run at most max_staleness versions ahead
                     self._versions.wait_for(
-                        lambda s=step: self._stop.is_set()
-                        or (s - 1) - self.version <= self.buffer.max_staleness
+                        lambda s=step: (
+                            self._stop.is_set()
+                            or (s - 1) - self.version <= self.buffer.max_staleness
+                        )
                     )
                 if self._stop.is_set():
                     return
