@@ -30,3 +30,18 @@ def test_infer_unknown_task_type_is_a_clear_error(tiny_model_dir, capsys):
         ["infer", "--task-type", "nope", f"actor_rollout_ref.model.path={tiny_model_dir}", "hello"]
     )
     assert code == 2 and "no environment for task_type 'nope'" in capsys.readouterr().err
+
+
+def test_printed_episode_shows_tool_calls_and_results(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    from tests.rollout.test_multi_turn import CALL, AddEnv, _play
+    from toolgrpo.infer import print_episode
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    ep, _ = _play(tok, [CALL, "<answer>5</answer>"], AddEnv())
+    console = Console(record=True, width=120)
+    print_episode(ep, console)
+    text = console.export_text()
+    assert '"name": "add"' in text and "tool · add" in text and "RESULT=5" in text
+    assert "turns=2 tool_calls=1 tool_errors=0 stop=answer reward=1.000" in text
