@@ -66,11 +66,16 @@ class Env(ABC):
 
     # ---- rollback support (issue #6) ----------------------------------------------------------
     supports_snapshot: bool = False
+    # True for environments that only learn at ``reset`` whether they can snapshot (remote ones):
+    # the startup check then leaves them to the episode loop.
+    snapshot_known_at_reset: bool = False
 
     def snapshot(self) -> Any:
         raise NotImplementedError(f"{type(self).__name__} cannot snapshot its state")
 
     def restore(self, state: Any) -> None:
+        """Back to ``state``; may be called again with the same state (repeated retries), so
+        it must not hand the state's objects to the environment without copying them."""
         raise NotImplementedError(f"{type(self).__name__} cannot restore its state")
 
     async def asnapshot(self) -> Any:

@@ -83,6 +83,8 @@ class RemoteOptions:
 class RemoteEnv(Env):
     """Proxies one episode to a server session; ``max_turns`` stays the router's (from config)."""
 
+    snapshot_known_at_reset = True
+
     def __init__(self, task: Task, options: RemoteOptions) -> None:
         self.task = task
         self.options = options

@@ -231,4 +231,5 @@ def make_search_env(task: Task, options: Mapping[str, Any]) -> ToolEnv:
         tools,
         lambda t: search_reward(t, task.ground_truth),
         timeout_s=float(options.get("timeout_s", 10.0)),
+        stateless=True,  # pure tools: rollback needs no state saved
     )

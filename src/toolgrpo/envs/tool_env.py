@@ -37,6 +37,7 @@ class ToolEnv(Env):
         max_turns: int = 4,
         timeout_s: float | None = 10.0,
         max_parallel: int | None = None,
+        stateless: bool = False,
     ) -> None:
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
@@ -51,6 +52,9 @@ class ToolEnv(Env):
         self.max_turns = max_turns
         self.timeout_s = timeout_s
         self.max_parallel = max_parallel
+        # Tools that keep no state (pure functions, read-only lookups) make a snapshot free,
+        # which is all tool rollback needs; tools with side effects need an Env of their own.
+        self.supports_snapshot = stateless
 
     async def reset(self) -> EnvStart:
         # A deep copy: the episode loop appends to and may edit its messages.
@@ -58,6 +62,15 @@ class ToolEnv(Env):
 
     async def step(self, calls: list[ToolCall]) -> list[ToolResult]:
         return await run_tool_calls(self.tools, calls, self.timeout_s, self.max_parallel)
+
+    def snapshot(self) -> None:
+        if not self.supports_snapshot:
+            return super().snapshot()
+        return None
+
+    def restore(self, state: Any) -> None:
+        if not self.supports_snapshot:
+            super().restore(state)
 
     async def reward(self, transcript: Transcript) -> EnvReward:
         try:

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from toolgrpo.rollout.rollback import NegativeSample, RollbackStats
+
 STOP_REASONS = ("answer", "max_turns", "context", "length", "env_error", "prompt_too_long")
 
 
@@ -33,6 +35,8 @@ class Episode:
     tool_errors: int = 0
     tool_error_types: dict[str, int] = field(default_factory=dict)
     prefix_mismatches: int = 0  # turns whose re-rendered text did not extend the tokens exactly
+    rollback: RollbackStats = field(default_factory=RollbackStats)  # tool rollback (issue #6)
+    negatives: list[NegativeSample] = field(default_factory=list)  # rolled-back failed attempts
     meta: dict[str, Any] = field(default_factory=dict)
 
     def append(self, ids: list[int], logprobs: list[float] | None) -> None:

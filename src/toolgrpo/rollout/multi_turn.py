@@ -19,6 +19,12 @@ from toolgrpo.envs.registry import EnvRouter
 from toolgrpo.rollout.batcher import GenerationBatcher
 from toolgrpo.rollout.episode import Episode
 from toolgrpo.rollout.render import decode, delta_text, encode, render_text, with_tools
+from toolgrpo.rollout.rollback import (
+    NegativeBudget,
+    RollbackPolicy,
+    SnapshotUnsupported,
+    make_guard,
+)
 from toolgrpo.tools.executor import truncate_text
 from toolgrpo.tools.parser import parse_tool_calls
 from toolgrpo.tools.types import ToolResult
@@ -45,8 +51,12 @@ async def play_task(
     uid: str = "",
     step: int = 0,
     policy_version: int = 0,
+    rollback: RollbackPolicy | None = None,
+    budget: NegativeBudget | None = None,
 ) -> Episode:
-    """One episode of ``task`` in ``env``; never raises for what the model or the tools do."""
+    """One episode of ``task`` in ``env``; never raises for what the model or the tools do.
+    With ``rollback``, a turn whose tools fail is undone and re-sampled (``rollback.TurnGuard``);
+    ``budget`` caps the negatives its GRPO group keeps."""
     start = await env.reset()
     messages, tools = with_tools(tokenizer, start.messages, start.tools)
     prompt_text = render_text(tokenizer, messages, tools, True)
@@ -59,20 +69,28 @@ async def play_task(
     if len(ep.prompt_ids) > limits.max_prompt_length:
         ep.stop_reason, ep.truncated = "prompt_too_long", True
         return await _finish(ep, env, tokenizer, step, limits)
+    guard = make_guard(env, task.task_type, rollback, budget)
     stream_text = prompt_text
     eos = {tokenizer.eos_token_id} | set(getattr(batcher.generator, "eos_ids", []) or [])
     while True:
-        budget = limits.max_response_length - len(ep.response_ids)
-        if budget <= 0:
+        room = limits.max_response_length - len(ep.response_ids)
+        if room <= 0:
             ep.stop_reason, ep.truncated = "context", True
             break
+        if guard is not None:
+            await guard.begin_turn(ep, env, stream_text)
+            if env.fatal_error:  # a remote snapshot or restore failed
+                ep.stop_reason = "env_error"
+                break
         comp = await batcher.generate(
-            ep.prompt_ids + ep.response_ids, min(limits.max_tokens_per_turn, budget)
+            ep.prompt_ids + ep.response_ids, min(limits.max_tokens_per_turn, room)
         )
         ep.append(comp.token_ids, comp.logprobs)
         ep.num_turns += 1
         stream_text += decode(tokenizer, comp.token_ids)
-        body = comp.token_ids[:-1] if comp.token_ids and comp.token_ids[-1] in eos else comp.token_ids
+        body = (
+            comp.token_ids[:-1] if comp.token_ids and comp.token_ids[-1] in eos else comp.token_ids
+        )
         text = decode(tokenizer, body)
         messages.append({"role": "assistant", "content": text})
         if comp.finish_reason == "length":
@@ -100,6 +118,11 @@ async def play_task(
             if env.fatal_error:
                 ep.stop_reason = "env_error"
                 break
+            if guard is not None:
+                resume = await guard.after_tools(ep, env, calls, results)
+                if resume is not None:  # rolled back to before this turn: sample it again
+                    stream_text = resume
+                    continue
             new = [_tool_message(tokenizer, r, limits) for r in results]
         if ep.num_turns >= env.max_turns:
             ep.stop_reason = "max_turns"
@@ -113,6 +136,8 @@ async def play_task(
         ep.append(delta_ids, None)
         stream_text += delta
         messages.extend(new)
+    if guard is not None:
+        guard.finish(ep)
     return await _finish(ep, env, tokenizer, step, limits)
 
 
@@ -163,27 +188,33 @@ async def play_tasks(
     step: int = 0,
     policy_version: int = 0,
     max_concurrent: int = 0,
+    rollback: RollbackPolicy | None = None,
 ) -> list[Episode]:
     """``n`` episodes per task, all in flight at once (or ``max_concurrent``), grouped by task in
-    task order; the episodes of one task share a fresh uid."""
+    task order; the episodes of one task share a fresh uid (and, with ``rollback``, one cap on
+    the negatives they keep)."""
     sem = asyncio.Semaphore(max_concurrent) if max_concurrent > 0 else None
 
-    async def one(task: Task, uid: str) -> Episode:
+    async def one(task: Task, uid: str, budget: NegativeBudget | None) -> Episode:
         env = router.make(task)
         try:
             if sem is None:
-                return await _guarded(task, env, uid)
+                return await _guarded(task, env, uid, budget)
             async with sem:
-                return await _guarded(task, env, uid)
+                return await _guarded(task, env, uid, budget)
         finally:
             try:
                 await env.close()
             except Exception as exc:  # closing is best effort
                 log.warning("closing env for %s failed: %s", task.task_id, exc)
 
-    async def _guarded(task: Task, env: Env, uid: str) -> Episode:
+    async def _guarded(task: Task, env: Env, uid: str, budget: NegativeBudget | None) -> Episode:
         try:
-            return await play_task(task, env, batcher, tokenizer, limits, uid, step, policy_version)
+            return await play_task(
+                task, env, batcher, tokenizer, limits, uid, step, policy_version, rollback, budget
+            )
+        except SnapshotUnsupported:  # a setup error: stop the run, do not score it
+            raise
         except Exception as exc:  # an environment bug ends its episode, not the run
             log.warning("episode of %s failed: %s: %s", task.task_id, type(exc).__name__, exc)
             ep = Episode(task.task_id, task.task_type, uid, [], stop_reason="env_error")
@@ -194,5 +225,6 @@ async def play_tasks(
     jobs = []
     for task in tasks:
         uid = uuid.uuid4().hex
-        jobs.extend(one(task, uid) for _ in range(n))
+        budget = NegativeBudget(rollback.max_negatives_per_group) if rollback else None
+        jobs.extend(one(task, uid, budget) for _ in range(n))
     return list(await asyncio.gather(*jobs))

@@ -57,4 +57,32 @@ def episode_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
         by_type[e.task_type].append(e)
     for t, eps in sorted(by_type.items()):
         m.update(_summary(eps, f"episode/{t}/"))
+    m.update(rollback_metrics(episodes))
+    return m
+
+
+def rollback_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
+    """Tool rollback: turns rolled back, re-samplings, the share of rolled-back turns that
+    recovered, negatives kept and groups that got any; per task type, the error rate of the
+    calls that stand in the final transcripts (``tool_error_rate`` counts every attempt)."""
+    rollbacks = sum(e.rollback.rollbacks for e in episodes)
+    groups: dict[str, int] = defaultdict(int)
+    for e in episodes:
+        groups[e.uid] += len(e.negatives)
+    m = {
+        "rollout/rollbacks": float(rollbacks),
+        "rollout/retries": float(sum(e.rollback.retries for e in episodes)),
+        "rollout/retry_success_rate": (
+            sum(e.rollback.recovered for e in episodes) / rollbacks if rollbacks else 0.0
+        ),
+        "rollout/negative_samples": float(sum(groups.values())),
+        "rollout/groups_with_negatives": float(sum(n > 0 for n in groups.values())),
+    }
+    by_type: dict[str, list[Episode]] = defaultdict(list)
+    for e in episodes:
+        by_type[e.task_type].append(e)
+    for t, eps in sorted(by_type.items()):
+        calls = sum(e.tool_calls - e.rollback.discarded_calls for e in eps)
+        errors = sum(e.tool_errors - e.rollback.discarded_errors for e in eps)
+        m[f"rollout/{t}/final_tool_error_rate"] = errors / calls if calls else 0.0
     return m

@@ -18,6 +18,7 @@ from toolgrpo.rollout.batcher import GenerationBatcher
 from toolgrpo.rollout.episode import Episode
 from toolgrpo.rollout.generator import Generator, SamplingParams
 from toolgrpo.rollout.multi_turn import EpisodeLimits, play_tasks
+from toolgrpo.rollout.rollback import RollbackPolicy, check_snapshot_support
 from toolgrpo.trainer.batch import Batch, collate_episodes
 
 
@@ -56,6 +57,14 @@ class EpisodeRunner:
         self.tokenizer = tokenizer
         self.router = router
         self.limits = episode_limits(cfg)
+        self.rollback = RollbackPolicy.from_config(cfg.actor_rollout_ref.rollout.multi_turn)
+
+    def check(self, tasks: Sequence[Task]) -> None:
+        """At startup: an environment for every task type, and one that can snapshot its state
+        for every type that runs tools when rollback is on."""
+        self.router.check({t.task_type for t in tasks})
+        if self.rollback is not None:
+            check_snapshot_support(self.router, tasks)
 
     def play(
         self,
@@ -64,8 +73,10 @@ class EpisodeRunner:
         step: int,
         policy_version: int,
         generator: Generator | None = None,
+        rollback: bool = True,
     ) -> list[Episode]:
-        """``params.n`` episodes per task, grouped by task; generation batched across them."""
+        """``params.n`` episodes per task, grouped by task; generation batched across them.
+        ``rollback=False`` (validation) plays the policy as is, even with rollback configured."""
         mt = self.cfg.actor_rollout_ref.rollout.multi_turn
         batcher = GenerationBatcher(
             generator or self.generator,
@@ -84,13 +95,15 @@ class EpisodeRunner:
                     step=step,
                     policy_version=policy_version,
                     max_concurrent=mt.max_concurrent_episodes,
+                    rollback=self.rollback if rollback else None,
                 )
             )
         finally:
             batcher.close()
 
     def to_batch(self, episodes: Sequence[Episode]) -> tuple[Batch, int]:
-        """The training batch, with non-finite rewards handled per ``reward.nan_policy``."""
+        """The training batch, with non-finite rewards handled per ``reward.nan_policy``; the
+        episodes' negative samples (if kept) follow as extra rows scored ``negative_reward``."""
         bad = 0
         for e in episodes:
             if not math.isfinite(e.reward):
@@ -98,6 +111,10 @@ class EpisodeRunner:
                     raise NonFiniteReward(f"non-finite reward {e.reward} for task {e.task_id}")
                 bad += 1
                 e.reward = 0.0
-        batch = collate_episodes(episodes, self.tokenizer.pad_token_id)
-        batch.scores_B = torch.tensor([e.reward for e in episodes], dtype=torch.float32)
+        negatives = self.rollback is not None and self.rollback.save_negatives
+        batch = collate_episodes(episodes, self.tokenizer.pad_token_id, negatives)
+        scores = [e.reward for e in episodes]
+        if self.rollback is not None:
+            scores += [self.rollback.negative_reward] * (batch.size - len(episodes))
+        batch.scores_B = torch.tensor(scores, dtype=torch.float32)
         return batch, bad

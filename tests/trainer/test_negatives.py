@@ -1,0 +1,202 @@
+"""Negative samples in training: extra rows in their parent's GRPO group, scored
+``negative_reward``, each with its own advantage over the expanded group (G + k members)."""
+
+from __future__ import annotations
+
+import math
+from statistics import fmean, stdev
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from tests.conftest import read_metrics
+from tests.rollout.test_rollback import ANSWER, BAD, GOOD, TASK, AttemptGenerator
+from toolgrpo.algos.advantages import compute_advantages, token_level_rewards
+from toolgrpo.config.loader import load_config
+from toolgrpo.config.schema import TrainConfig
+from toolgrpo.data.task import Task
+from toolgrpo.envs.registry import EnvRouter
+from toolgrpo.rollout.episode import Episode
+from toolgrpo.rollout.generator import SamplingParams
+from toolgrpo.rollout.rollback import NegativeSample
+from toolgrpo.trainer.batch import minibatch_indices, negative_parents
+from toolgrpo.trainer.episode_metrics import episode_metrics
+from toolgrpo.trainer.episodes import EpisodeRunner
+from toolgrpo.trainer.trainer import Trainer
+
+KEY = "actor_rollout_ref.rollout.multi_turn."
+ON = {f"{KEY}enable": "true", f"{KEY}enable_tool_rollback": "true"}
+
+
+def config(**over: str) -> TrainConfig:
+    return load_config(TrainConfig, None, [f"{k}={v}" for k, v in {**ON, **over}.items()])
+
+
+def negative(uid: str, prefix: int, turn: list[int]) -> NegativeSample:
+    ids = list(range(10, 10 + prefix)) + turn
+    return NegativeSample(
+        "t",
+        "test",
+        uid,
+        [1, 2],
+        ids,
+        [0] * prefix + [1] * len(turn),
+        [0.0] * prefix + [-0.5] * len(turn),
+        ["Error: x"],
+        ["exception"],
+        "turn_2",
+        2,
+        1,
+        [],
+        0,
+    )
+
+
+def episode(uid: str, reward: float, negatives: list[NegativeSample] = ()) -> Episode:
+    e = Episode("t", "test", uid, [1, 2], [5, 6, 7], [1, 0, 1], [-0.1, 0.0, -0.2])
+    e.reward, e.negatives = reward, list(negatives)
+    return e
+
+
+def runner(cfg: TrainConfig) -> EpisodeRunner:
+    return EpisodeRunner(cfg, None, SimpleNamespace(pad_token_id=0), EnvRouter())
+
+
+def test_grpo_over_the_expanded_group_matches_hand_computation():
+    rewards = [1.0, 0.0, 1.0, 1.0, 0.0, 0.0, 1.0, 0.5]  # G = 8 in group "a"
+    negs = [negative("a", 3, [40, 41]), negative("a", 0, [50])]
+    eps = [episode("a", r) for r in rewards]
+    eps[2].negatives, eps[5].negatives = [negs[0]], [negs[1]]
+    eps += [episode("b", r) for r in (1.0, 0.0)]  # a second group without negatives
+    cfg = config(**{f"{KEY}negative_reward": "-2.0"})
+    batch, bad = runner(cfg).to_batch(eps)
+    assert bad == 0 and batch.size == 12
+    assert batch.is_negative == [False] * 10 + [True] * 2 and batch.uids[10:] == ["a", "a"]
+    assert negative_parents(eps) == [2, 5]
+    token_rewards = token_level_rewards(batch.scores_B, batch.response_mask_BR)
+    adv, _ = compute_advantages(
+        "grpo",
+        scores_B=token_rewards.sum(-1),
+        response_mask_BT=batch.response_mask_BR,
+        uids=batch.uids,
+        token_rewards_BT=token_rewards,
+    )
+    group_a = rewards + [-2.0, -2.0]  # G + k = 10 members, each its own advantage
+    mean, std = fmean(group_a), stdev(group_a)
+    rows_a = [*range(8), 10, 11]
+    for i, s in zip(rows_a, group_a, strict=True):
+        mask = batch.response_mask_BR[i].bool()
+        assert torch.allclose(adv[i][mask], torch.tensor((s - mean) / (std + 1e-6)), atol=1e-6)
+        assert bool((adv[i][~mask] == 0).all())  # the negative's prefix is not trained
+    b_mean, b_std = 0.5, stdev([1.0, 0.0])
+    assert adv[8][0].item() == pytest.approx((1.0 - b_mean) / (b_std + 1e-6))
+    # The negative's reward sits on its last sampled token; its log-probs are the sampled ones.
+    assert token_rewards[10].nonzero().flatten().tolist() == [4]
+    assert batch.rollout_logprobs_BR[10, :5].tolist() == [0.0, 0.0, 0.0, -0.5, -0.5]
+    # Mini-batches keep a group and its negatives together.
+    assert minibatch_indices(batch.uids, 1) == [rows_a, [8, 9]]
+
+
+def test_negatives_are_left_out_when_not_kept():
+    eps = [episode("a", 1.0, [negative("a", 0, [3])]), episode("a", 0.0)]
+    for cfg in (
+        load_config(TrainConfig, None, [f"{KEY}enable=true"]),
+        config(**{f"{KEY}save_negative_samples": "false"}),
+    ):
+        batch, _ = runner(cfg).to_batch(eps)
+        assert batch.size == 2 and batch.scores_B.tolist() == [1.0, 0.0]
+
+
+def test_runner_plays_with_rollback_and_caps_each_group(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    cfg = config(
+        **{
+            f"{KEY}envs": "{div: {type: test_div, max_turns: 4}}",
+            f"{KEY}max_negative_samples_per_group": "1",
+            "data.max_prompt_length": "8192",
+            "data.max_response_length": "600",
+        }
+    )
+    # Every episode fails its first call; 4 of the retries fail again, then all recover.
+    gen = AttemptGenerator(tok, {0: [BAD] * 20 + [GOOD], 1: [ANSWER]})
+    r = EpisodeRunner(cfg, gen, tok, EnvRouter({"div": {"type": "test_div", "max_turns": 4}}))
+    tasks = [TASK, Task("t1", TASK.messages, "2", "test", "div")]
+    r.check(tasks)
+    eps = r.play(tasks, SamplingParams(n=8, max_new_tokens=64), step=1, policy_version=0)
+    batch, _ = r.to_batch(eps)
+    assert batch.size == 16 + 2 and sum(batch.is_negative) == 2
+    assert batch.scores_B[16:].tolist() == [-1.0, -1.0]
+    m = episode_metrics(eps)
+    assert m["rollout/negative_samples"] == 2.0 and m["rollout/groups_with_negatives"] == 2.0
+    assert m["rollout/rollbacks"] == 16.0 and m["rollout/retries"] == 20.0
+    assert m["rollout/retry_success_rate"] == 1.0 and all(e.reward == 1.0 for e in eps)
+    assert m["rollout/div/final_tool_error_rate"] <= m["episode/div/tool_error_rate"]
+    assert not any(e.negatives for e in r.play(tasks, SamplingParams(n=2), 1, 0, rollback=False))
+
+
+def test_rollback_metrics_by_hand():
+    a, b, c = episode("g1", 1.0), episode("g1", 0.0), episode("g2", 0.0)
+    a.rollback.rollbacks, a.rollback.retries, a.rollback.recovered = 2, 3, 1
+    b.rollback.rollbacks, b.rollback.retries, b.rollback.recovered = 1, 1, 1
+    a.negatives = [negative("g1", 0, [1])] * 2
+    a.tool_calls, a.tool_errors = 4, 3
+    a.rollback.discarded_calls, a.rollback.discarded_errors = 3, 3
+    m = episode_metrics([a, b, c])
+    assert m["rollout/rollbacks"] == 3.0 and m["rollout/retries"] == 4.0
+    assert m["rollout/retry_success_rate"] == pytest.approx(2 / 3)
+    assert m["rollout/negative_samples"] == 2.0 and m["rollout/groups_with_negatives"] == 1.0
+    assert m["rollout/test/final_tool_error_rate"] == 0.0  # the one kept call succeeded
+    assert m["episode/test/tool_error_rate"] == 0.75
+
+
+def test_trainer_with_rollback_on_single_turn_tasks(make_train_config, tmp_path):
+    # RLLA is single-turn: nothing to roll back, but the startup check and metrics run.
+    out = tmp_path / "rb"
+    Trainer(make_train_config(steps=1, out=out, **ON)).fit()
+    (rec,) = read_metrics(out)
+    for key in (
+        "rollout/rollbacks",
+        "rollout/retries",
+        "rollout/retry_success_rate",
+        "rollout/negative_samples",
+        "rollout/groups_with_negatives",
+    ):
+        assert rec[key] == 0.0, key
+    assert math.isfinite(rec["reward/mean"]) and rec["batch/size"] == 4
+
+
+def test_trainer_step_trains_on_negatives(make_train_config, tmp_path, tiny_model_dir):
+    """A full step (scripted tool calls in place of the tiny model's text): negatives reach the
+    update as extra rows of their groups."""
+    from transformers import AutoTokenizer
+
+    over = {
+        **ON,
+        f"{KEY}envs": "{div: {type: test_div, max_turns: 4}}",
+        f"{KEY}max_negative_samples_per_group": "1",
+        "data.max_response_length": "600",
+    }
+    out = tmp_path / "neg"
+    trainer = Trainer(make_train_config(steps=1, out=out, **over))
+    trainer.tasks = [Task(f"t{i}", TASK.messages, "2", "test", "div") for i in range(8)]
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    trainer.generator = AttemptGenerator(tok, {0: [BAD, GOOD], 1: [ANSWER]})
+    seen = []
+    orig = trainer.actor.update
+
+    def update(batch):
+        seen.append((list(batch.uids), list(batch.is_negative), batch.advantages_BR.clone()))
+        return orig(batch)
+
+    trainer.actor.update = update
+    trainer.fit()
+    (rec,) = read_metrics(out)
+    ((uids, is_neg, adv),) = seen
+    assert rec["rollout/negative_samples"] == sum(is_neg) >= 1 and rec["batch/size"] == len(uids)
+    for i in (i for i, n in enumerate(is_neg) if n):
+        assert uids.count(uids[i]) == 3  # n = 2 episodes + the group's one negative
+        assert adv[i].min() < 0  # scored -1 against episodes that recovered and answered
+    assert math.isfinite(rec["actor/pg_loss"])
