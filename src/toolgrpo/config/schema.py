@@ -84,6 +84,19 @@ class ValKwargs:
     do_sample: bool = False
 
 
+# Searched in tool output that is not flagged as an error: a traceback, "ImportError: ...",
+# "Error: ...", BFCL's "Error during execution" and its simulators' {"error": ...} replies.
+ROLLBACK_ERROR_PATTERNS = (
+    r"Traceback \(most recent call last\)",
+    r"\b\w*Error:",
+    r"(?m)^\s*Error\b",
+    r'^\s*\{\s*"error"\s*:',
+)
+# Flagged errors that the model caused; timeouts may be the machine's, transport errors end the
+# episode anyway.
+ROLLBACK_ERROR_TYPES = ("parse", "unknown_tool", "invalid_arguments", "exception")
+
+
 @dataclass
 class MultiTurnConfig:
     """Episodes with tool calls (``toolgrpo.rollout.multi_turn``). ``data.max_response_length``
@@ -97,6 +110,19 @@ class MultiTurnConfig:
     error_reward: float = -1.0  # reward of an episode whose environment failed
     # task_type -> {type: <env type, default the task type>, max_turns: N, <env options>...}
     envs: dict[str, Any] = field(default_factory=dict)
+    # Tool rollback (toolgrpo.rollout.rollback): a turn whose tool results match is undone
+    # (episode and environment state) and sampled again; failed attempts may join the GRPO group.
+    enable_tool_rollback: bool = False
+    max_tool_retries: int = 2  # re-samplings of one failing turn; then its last failure stands
+    save_negative_samples: bool = True  # keep rolled-back attempts as extra group members
+    max_negative_samples_per_group: int = 2  # over all n episodes of a task
+    negative_reward: float = -1.0  # the score of a negative sample
+    # A failed turn: a result flagged as an error of one of these types (tools.types.ERROR_TYPES),
+    # or an ordinary result whose text matches one of these regexes (re.search).
+    rollback_error_patterns: list[str] = field(
+        default_factory=lambda: list(ROLLBACK_ERROR_PATTERNS)
+    )
+    rollback_error_types: list[str] = field(default_factory=lambda: list(ROLLBACK_ERROR_TYPES))
 
 
 @dataclass

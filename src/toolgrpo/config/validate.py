@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import math
+import re
+
 from toolgrpo.config.loader import ConfigError
-from toolgrpo.config.schema import TrainConfig
+from toolgrpo.config.schema import MultiTurnConfig, RolloutOnlyConfig, TrainConfig
+from toolgrpo.tools.types import ERROR_TYPES
 
 ADV_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "gae")
 AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 KL_KINDS = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
+IS_CORRECTIONS = ("ppo_clip", "tis_token", "tis_seq")  # toolgrpo.mixture.correction
 
 
 def _one_of(value: str, allowed: tuple[str, ...], key: str) -> None:
@@ -73,7 +78,65 @@ def validate_train_config(cfg: TrainConfig) -> None:
         "actor_rollout_ref.rollout.multi_turn.tool_response_truncate_side",
     )
     _positive(mt.max_tokens_per_turn, "actor_rollout_ref.rollout.multi_turn.max_tokens_per_turn")
+    _check_rollback(mt)
     if cfg.async_training.staleness_threshold < 0:
         raise ConfigError("async_training.staleness_threshold must be >= 0")
     if a.use_kl_loss and alg.use_kl_in_reward:
         raise ConfigError("use either actor.use_kl_loss or algorithm.use_kl_in_reward, not both")
+    _check_rollout_only(cfg)
+
+
+def _check_rollback(mt: MultiTurnConfig) -> None:
+    """Tool rollback settings (checked even when off, so a typo surfaces before it is used)."""
+    key = "actor_rollout_ref.rollout.multi_turn."
+    if mt.enable_tool_rollback and not mt.enable:
+        raise ConfigError(f"{key}enable_tool_rollback needs {key}enable=true")
+    for name in ("max_tool_retries", "max_negative_samples_per_group"):
+        if getattr(mt, name) < 0:
+            raise ConfigError(f"{key}{name} must be >= 0, got {getattr(mt, name)}")
+    if not math.isfinite(mt.negative_reward):
+        raise ConfigError(f"{key}negative_reward must be finite, got {mt.negative_reward}")
+    for i, pattern in enumerate(mt.rollback_error_patterns):
+        try:
+            re.compile(pattern)
+        except re.error as e:
+            raise ConfigError(
+                f"{key}rollback_error_patterns[{i}]={pattern!r} is not a valid regex: {e}"
+            ) from None
+    for t in mt.rollback_error_types:
+        _one_of(t, ERROR_TYPES, f"{key}rollback_error_types")
+
+
+def _check_rollout_only(cfg: TrainConfig) -> None:
+    """The fixed rollout policy's settings (its schedule is checked by mixture.Schedule)."""
+    ro = cfg.rollout_only
+    if not ro.model_path:
+        if ro != RolloutOnlyConfig():
+            raise ConfigError(
+                "rollout_only settings are given but rollout_only.model_path is empty: name the "
+                "fixed policy's model (HF dir, .gguf or alias) or drop the rollout_only settings"
+            )
+        return
+    _one_of(ro.is_correction, IS_CORRECTIONS, "rollout_only.is_correction")
+    _positive(ro.is_threshold, "rollout_only.is_threshold")
+    if ro.dtype is not None:
+        _one_of(ro.dtype, ("auto", "bfloat16", "float32"), "rollout_only.dtype")
+    if ro.generation_batch_size is not None:
+        _positive(ro.generation_batch_size, "rollout_only.generation_batch_size")
+    entries = [("rollout_only", ro)] + [
+        (f"rollout_only.extra_policies[{i}]", e) for i, e in enumerate(ro.extra_policies)
+    ]
+    for key, e in entries:
+        if e.temperature is not None:
+            _positive(e.temperature, f"{key}.temperature")
+        if e.top_p is not None and not 0 < e.top_p <= 1:
+            raise ConfigError(f"{key}.top_p must be in (0, 1], got {e.top_p}")
+        if not (math.isfinite(e.weight) and e.weight >= 0):
+            raise ConfigError(f"{key}.weight must be >= 0, got {e.weight}")
+    if sum(e.weight for _, e in entries) <= 0:
+        raise ConfigError("the fixed policies' weights (rollout_only.weight, ...) sum to 0")
+    if ro.is_correction == "ppo_clip" and cfg.algorithm.use_kl_in_reward:
+        raise ConfigError(
+            "algorithm.use_kl_in_reward would charge fixed-policy rows the fixed policy's KL "
+            "under rollout_only.is_correction=ppo_clip: use actor.use_kl_loss or a tis_* correction"
+        )

@@ -163,6 +163,7 @@ class Actor:
         )  # Dr.GRPO's constant, not the trimmed width
         low = acfg.clip_ratio_low if acfg.clip_ratio_low is not None else acfg.clip_ratio
         high = acfg.clip_ratio_high if acfg.clip_ratio_high is not None else acfg.clip_ratio
+        is_w = {} if mb.is_weights_BR is None else {"is_weights_BT": mb.is_weights_BR[:, :r]}
         pg, pm = get_policy_loss(acfg.policy_loss.loss_mode)(
             mb.old_logprobs_BR[:, :r],
             lp,
@@ -173,6 +174,7 @@ class Actor:
             clip_ratio_c=acfg.clip_ratio_c,
             loss_agg_mode=acfg.loss_agg_mode,
             loss_scale_factor=scale,
+            **is_w,
         )
         entropy = agg_loss(ent, mask, acfg.loss_agg_mode, scale)
         loss = pg - acfg.entropy_coeff * entropy

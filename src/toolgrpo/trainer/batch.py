@@ -27,8 +27,11 @@ class Batch:
     old_values_BR: torch.Tensor | None = None
     advantages_BR: torch.Tensor | None = None
     returns_BR: torch.Tensor | None = None
+    is_weights_BR: torch.Tensor | None = None  # detached per-token IS multipliers (TIS)
     uids: list[str] = field(default_factory=list)
     task_types: list[str] = field(default_factory=list)
+    is_negative: list[bool] = field(default_factory=list)  # rolled-back attempts (rollback.py)
+    policies: list[str] = field(default_factory=list)  # who sampled each row; empty = actor
 
     @property
     def size(self) -> int:
@@ -59,12 +62,25 @@ def collate(completions: Sequence[Completion], uids: Sequence[str], pad_id: int)
     return collate_rows(rows, uids, pad_id)
 
 
-def collate_episodes(episodes: Sequence[Episode], pad_id: int) -> Batch:
-    """Stack multi-turn episodes: tool results and turn markers sit in the response with mask 0."""
-    rows = [(e.prompt_ids, e.response_ids, e.response_mask, e.logprobs) for e in episodes]
-    batch = collate_rows(rows, [e.uid for e in episodes], pad_id)
-    batch.task_types = [e.task_type for e in episodes]
+def collate_episodes(
+    episodes: Sequence[Episode], pad_id: int, with_negatives: bool = False
+) -> Batch:
+    """Stack multi-turn episodes: tool results and turn markers sit in the response with mask 0.
+    ``with_negatives`` appends each episode's negative samples after all episodes, as rows with
+    the parent's uid, so GRPO ranks them inside the parent's group."""
+    negs = [n for e in episodes for n in e.negatives] if with_negatives else []
+    items = [*episodes, *negs]
+    rows = [(x.prompt_ids, x.response_ids, x.response_mask, x.logprobs) for x in items]
+    batch = collate_rows(rows, [x.uid for x in items], pad_id)
+    batch.task_types = [x.task_type for x in items]
+    batch.is_negative = [False] * len(episodes) + [True] * len(negs)
     return batch
+
+
+def negative_parents(episodes: Sequence[Episode]) -> list[int]:
+    """For each negative row ``collate_episodes`` appends, the index of its parent episode (to
+    extend any per-episode list, e.g. who sampled it, over the negatives)."""
+    return [i for i, e in enumerate(episodes) for _ in e.negatives]
 
 
 Row = tuple[Sequence[int], Sequence[int], Sequence[int], Sequence[float]]

@@ -9,6 +9,7 @@ import copy
 import logging
 import time
 import uuid
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ from toolgrpo.config.validate import validate_train_config
 from toolgrpo.data.loader import load_tasks
 from toolgrpo.data.task import Task
 from toolgrpo.eval.evaluate import evaluate, val_sampling_params
+from toolgrpo.mixture import ACTOR, Mixture, RolloutPart
 from toolgrpo.models.loading import load_policy
 from toolgrpo.rewards.scoring import Score, check_task, is_finite, score
 from toolgrpo.rewards.types import RllaFlags
@@ -38,12 +40,12 @@ from toolgrpo.rollout.prompts import filter_overlong
 from toolgrpo.rollout.single_turn import rollout_tasks, solution_text
 from toolgrpo.trainer import state as ckpt_state
 from toolgrpo.trainer.actor import Actor
-from toolgrpo.trainer.batch import Batch, collate
+from toolgrpo.trainer.batch import Batch, collate, negative_parents
 from toolgrpo.trainer.episode_metrics import episode_metrics
 from toolgrpo.trainer.episodes import EpisodeRunner, NonFiniteReward, make_router
 from toolgrpo.trainer.metrics import batch_metrics, completion_metrics
-from toolgrpo.trainer.sampler import TaskSampler
 from toolgrpo.trainer.replay import AsyncRollout
+from toolgrpo.trainer.sampler import TaskSampler
 from toolgrpo.trainer.tracking import Tracker
 
 log = logging.getLogger(__name__)
@@ -85,6 +87,8 @@ class Trainer:
             top_k=r.top_k,
             max_new_tokens=cfg.data.max_response_length,
         )
+        # A fixed policy sharing rollout duty (issue #5), off unless rollout_only.model_path is set.
+        self.mixture = Mixture(cfg, self.tokenizer) if cfg.rollout_only.model_path else None
         self.total_steps = cfg.trainer.total_training_steps
         self.actor = Actor(self.policy, cfg, self.total_steps)
         kc = cfg.algorithm.kl_ctrl
@@ -99,8 +103,8 @@ class Trainer:
             )
         if r.multi_turn.enable:
             router = make_router(cfg, self.flags)
-            router.check({t.task_type for t in self.tasks})
             self.episodes = EpisodeRunner(cfg, self.generator, self.tokenizer, router)
+            self.episodes.check(self.tasks)  # environments (and their snapshots, for rollback)
         self._val_tasks: list[Task] | None = None
         self.step = 0
         self._resume()
@@ -179,20 +183,53 @@ class Trainer:
         tasks = [self.tasks[i] for i in indices]
         timing: dict[str, float] = {}
         t0 = time.time()
-        if self.episodes is not None:
-            episodes = self.episodes.play(tasks, self.sampling, step, self.step, generator)
-            timing["timing/gen_s"] = time.time() - t0
-            batch, nonfinite = self.episodes.to_batch(episodes)
-            return Rolled(batch, episode_metrics(episodes), timing, float(nonfinite))
-        completions, uids, owners = self.rollout(tasks, generator)
+        items, policies = self._generate(step, tasks, generator)
         timing["timing/gen_s"] = time.time() - t0
+        if self.episodes is not None:
+            batch, nonfinite = self.episodes.to_batch(items)
+            batch.policies = policies + [policies[i] for i in negative_parents(items)]
+            metrics = {**episode_metrics(items), **self._mixture_metrics(step, batch)}
+            return Rolled(batch, metrics, timing, float(nonfinite))
+        completions, uids, owners = (list(x) for x in zip(*items, strict=True))
         t0 = time.time()
         scores, nonfinite = self.reward(owners, completions, step)
         timing["timing/reward_s"] = time.time() - t0
         batch = collate(completions, uids, self.tokenizer.pad_token_id)
         batch.task_types = [t.task_type for t in owners]
         batch.scores_B = torch.tensor([s.total for s in scores], dtype=torch.float32)
-        return Rolled(batch, completion_metrics(completions, scores), timing, float(nonfinite))
+        batch.policies = policies
+        metrics = {**completion_metrics(completions, scores), **self._mixture_metrics(step, batch)}
+        return Rolled(batch, metrics, timing, float(nonfinite))
+
+    def _generate(self, step: int, tasks: list[Task], generator: Any) -> tuple[list, list[str]]:
+        """Episodes, or (completion, uid, task) triples, of the step's tasks, each with the policy
+        that sampled it (the actor, or a fixed policy of the mixture)."""
+        items: list = []
+        policies: list[str] = []
+        with self._rollout_parts(step, tasks, generator) as parts:
+            for p in parts:
+                if self.episodes is not None:
+                    got = self.episodes.play(p.tasks, p.params, step, self.step, p.generator)
+                else:
+                    got = list(zip(*self.rollout(p.tasks, p.generator, p.params), strict=True))
+                items += got
+                policies += [p.policy] * len(got)
+        return items, policies
+
+    def _rollout_parts(
+        self, step: int, tasks: list[Task], generator: Any
+    ) -> AbstractContextManager[list[RolloutPart]]:
+        """The tasks by the policy that samples them: all the actor's unless a mixture is on."""
+        gen = generator or self.generator
+        if self.mixture is None:
+            return nullcontext([RolloutPart(ACTOR, tasks, gen, self.sampling)])
+        return self.mixture.rollout_parts(step, tasks, gen, self.sampling)
+
+    def _mixture_metrics(self, step: int, batch: Batch) -> dict[str, float]:
+        """rollout/policy_choice, using_actor/using_fixed and rewards by policy (mixture only)."""
+        if self.mixture is None:
+            return {}
+        return self.mixture.rollout_metrics(step, batch.policies, batch.scores_B.tolist())
 
     def _start_async(self) -> AsyncRollout:
         sampler = copy.deepcopy(self.sampler)
@@ -214,7 +251,7 @@ class Trainer:
 
     # ---- stages --------------------------------------------------------------------------------
     def rollout(
-        self, tasks: list[Task], generator: Any = None
+        self, tasks: list[Task], generator: Any = None, params: SamplingParams | None = None
     ) -> tuple[list[Completion], list[str], list[Task]]:
         """n completions per task; every completion of a task shares one fresh group uid."""
         d = self.cfg.data
@@ -222,7 +259,7 @@ class Trainer:
             generator or self.generator,
             self.tokenizer,
             tasks,
-            self.sampling,
+            params or self.sampling,
             d.max_prompt_length,
             d.truncation,
         )
@@ -266,6 +303,8 @@ class Trainer:
             )
             diff = (batch.old_logprobs_BR - batch.rollout_logprobs_BR).abs()
             metrics["rollout/logprob_diff_mean"] = float(masked_mean(diff, batch.response_mask_BR))
+        if self.mixture is not None:  # fixed-policy rows: the IS denominator is their sampler
+            metrics.update(self.mixture.correct(batch, self.actor, recomputed=not on_policy))
         if self.actor.needs_ref:
             batch.ref_logprobs_BR, _ = self.actor.compute_logprobs(batch, reference=True)
             kl = kl_penalty(batch.old_logprobs_BR, batch.ref_logprobs_BR, a.kl_loss_type)
@@ -306,9 +345,13 @@ class Trainer:
         """Same tasks and settings as ``toolgrpo eval`` (long prompts truncated, not dropped)."""
         d = self.cfg.data
         if self._val_tasks is None:
-            self._val_tasks = load_tasks(d.val_files, d.bad_rows, d.val_max_samples, check_task).tasks
+            self._val_tasks = load_tasks(
+                d.val_files, d.bad_rows, d.val_max_samples, check_task
+            ).tasks
         if self.episodes is not None:
-            eps = self.episodes.play(self._val_tasks, val_sampling_params(self.cfg), step, self.step)
+            eps = self.episodes.play(
+                self._val_tasks, val_sampling_params(self.cfg), step, self.step, rollback=False
+            )
             return {f"val/{k}": v for k, v in episode_metrics(eps).items()}
         res = evaluate(
             self.generator,

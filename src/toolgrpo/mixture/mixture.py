@@ -1,0 +1,132 @@
+"""The trainer's view of a mixture: who samples which tasks this step, and the IS correction.
+
+Two hooks: ``rollout_parts`` splits a step's tasks between the actor and the fixed policies
+(whole prompt groups, never a group split); ``correct`` rewrites the old log-probs (and, for
+TIS, the weights) of the rows a fixed policy sampled, after the trainer chose the actor's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from statistics import fmean
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from toolgrpo.algos.utils import masked_mean
+from toolgrpo.config.schema import TrainConfig
+from toolgrpo.data.task import Task
+from toolgrpo.mixture.correction import correct_fixed_rows
+from toolgrpo.mixture.policies import FixedPolicies, fixed_specs
+from toolgrpo.mixture.schedule import ACTOR, Schedule, allocate
+from toolgrpo.rollout.generator import SamplingParams
+
+if TYPE_CHECKING:
+    from toolgrpo.trainer.actor import Actor
+    from toolgrpo.trainer.batch import Batch
+
+
+@dataclass
+class RolloutPart:
+    """Tasks one policy samples this step, with its generator and sampling settings."""
+
+    policy: str  # "actor" or a fixed policy's label ("fixed", "fixed_1", ...)
+    tasks: list[Task]
+    generator: Any
+    params: SamplingParams
+
+
+class Mixture:
+    def __init__(self, cfg: TrainConfig, tokenizer: Any) -> None:
+        ro = cfg.rollout_only
+        self.schedule = Schedule.from_config(ro.schedule, cfg.trainer.seed)
+        self.per_sample = ro.schedule.per_sample
+        self.mode, self.threshold = ro.is_correction, ro.is_threshold
+        specs = fixed_specs(cfg)
+        self.labels = [s.label for s in specs]
+        self.weights = [s.weight for s in specs]
+        actor_path = cfg.actor_rollout_ref.model.path
+        self.fixed = FixedPolicies(specs, tokenizer, actor_path, ro.offload)
+
+    @contextmanager
+    def rollout_parts(
+        self,
+        step: int,
+        tasks: Sequence[Task],
+        actor_generator: Any,
+        actor_params: SamplingParams,
+    ) -> Iterator[list[RolloutPart]]:
+        """The step's tasks grouped by the policy the schedule gives them; with offloading, the
+        fixed models are loaded here and freed when the block ends."""
+        labels = allocate(
+            self.schedule, step, len(tasks), self.labels, self.weights, self.per_sample
+        )
+        parts = []
+        try:
+            for label in dict.fromkeys(labels):  # first-seen order, deterministic
+                sub = [t for t, lab in zip(tasks, labels, strict=True) if lab == label]
+                if label == ACTOR:
+                    parts.append(RolloutPart(label, sub, actor_generator, actor_params))
+                else:
+                    gen, params = self.fixed.generator(label), self.fixed.specs[label].params
+                    parts.append(RolloutPart(label, sub, gen, params))
+            yield parts
+        finally:
+            self.fixed.release()
+
+    def rollout_metrics(
+        self, step: int, policies: Sequence[str], scores: Sequence[float]
+    ) -> dict[str, float]:
+        """``rollout/policy_choice``: 1 when the actor sampled the step, 0 when a fixed policy
+        did (per-sample mixing: the actor's share of groups); ``using_*``: shares of samples."""
+        n = max(len(policies), 1)
+        actor = [s for p, s in zip(policies, scores, strict=True) if p == ACTOR]
+        fixed = [s for p, s in zip(policies, scores, strict=True) if p != ACTOR]
+        m = {
+            "rollout/alpha": self.schedule.actor_probability(step),
+            "rollout/policy_choice": len(actor) / n,
+            "rollout/using_actor": len(actor) / n,
+            "rollout/using_fixed": len(fixed) / n,
+        }
+        if len(self.labels) > 1:
+            for label in self.labels:
+                m[f"rollout/using/{label}"] = sum(p == label for p in policies) / n
+        if actor:
+            m["rollout/reward_actor"] = fmean(actor)
+        if fixed:
+            m["rollout/reward_fixed"] = fmean(fixed)
+        return m
+
+    def correct(self, batch: Batch, actor: Actor, recomputed: bool) -> dict[str, float]:
+        """Set the old log-probs / IS weights of fixed-policy rows (see ``correction``).
+
+        ``recomputed``: the trainer already holds the actor's log-probs of every row in
+        ``old_logprobs_BR``; otherwise they are computed here, for the fixed rows only."""
+        fixed_B = torch.tensor([p != ACTOR for p in batch.policies], dtype=torch.bool)
+        if not batch.policies or not bool(fixed_B.any()):
+            return {"actor/importance_sampling": 0.0}
+        metrics: dict[str, float] = {}
+        if recomputed:
+            current = batch.old_logprobs_BR
+            # The trainer's diff metric mixed in the fixed rows; restate it for the actor's.
+            actor_rows = (~fixed_B).float().unsqueeze(-1) * batch.response_mask_BR
+            diff = (batch.old_logprobs_BR - batch.rollout_logprobs_BR).abs()
+            metrics["rollout/logprob_diff_mean"] = float(masked_mean(diff, actor_rows))
+        else:
+            rows = fixed_B.nonzero().flatten().tolist()
+            lp, _ = actor.compute_logprobs(batch.select(rows))
+            current = torch.zeros_like(batch.rollout_logprobs_BR)
+            current[fixed_B] = lp
+        c = correct_fixed_rows(
+            batch.old_logprobs_BR,
+            batch.rollout_logprobs_BR,
+            current,
+            batch.response_mask_BR,
+            fixed_B,
+            self.mode,
+            self.threshold,
+        )
+        batch.old_logprobs_BR, batch.is_weights_BR = c.old_logprobs_BR, c.is_weights_BR
+        return {**c.metrics, **metrics}

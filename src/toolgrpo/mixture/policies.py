@@ -1,0 +1,145 @@
+"""The fixed rollout policies: settings resolved by inheritance, tokenizer check, loading, offload.
+
+A fixed policy only generates: it is loaded frozen (``load_policy(..., trainable=False)``, no
+optimizer state) and its sampling log-probs, recorded by the generator under the exact
+distribution it sampled (temperature and top-k/top-p included), are the IS denominator.
+"""
+
+from __future__ import annotations
+
+import gc
+from dataclasses import dataclass
+from typing import Any
+
+from toolgrpo.config.loader import ConfigError
+from toolgrpo.config.schema import ModelConfig, TrainConfig
+from toolgrpo.mixture.schedule import FIXED
+from toolgrpo.models.loading import Policy, load_policy, load_tokenizer
+from toolgrpo.models.registry import resolve_model
+from toolgrpo.rollout.generator import SamplingParams
+from toolgrpo.rollout.hf import HFGenerator
+
+
+@dataclass(frozen=True)
+class FixedSpec:
+    """One fixed policy as it will run: label in the batch, model, sampling, share, config key."""
+
+    label: str
+    model: ModelConfig
+    params: SamplingParams
+    weight: float
+    batch_size: int
+    key: str  # where it is configured, for error messages
+
+
+def _pick(*values: Any) -> Any:
+    """The first value that is set (not None, not "")."""
+    return next(v for v in values if v is not None and v != "")
+
+
+def fixed_specs(cfg: TrainConfig) -> list[FixedSpec]:
+    """``rollout_only`` and its ``extra_policies``; an unset field of an extra policy takes
+    ``rollout_only``'s value, and an unset field there takes the actor rollout's."""
+    ro, r = cfg.rollout_only, cfg.actor_rollout_ref.rollout
+    dtype = ro.dtype or cfg.actor_rollout_ref.model.dtype
+    entries = [("rollout_only", FIXED, ro)] + [
+        (f"rollout_only.extra_policies[{i}]", f"{FIXED}_{i + 1}", e)
+        for i, e in enumerate(ro.extra_policies)
+    ]
+    specs = []
+    for key, label, e in entries:
+        path = _pick(e.model_path, ro.model_path)
+        adapter = e.adapter_path if e.model_path else (e.adapter_path or ro.adapter_path)
+        params = SamplingParams(
+            n=r.n,
+            temperature=_pick(e.temperature, ro.temperature, r.temperature),
+            top_p=_pick(e.top_p, ro.top_p, r.top_p),
+            top_k=_pick(e.top_k, ro.top_k, r.top_k),
+            max_new_tokens=cfg.data.max_response_length,
+        )
+        model = ModelConfig(path=path, dtype=dtype, adapter_path=adapter)
+        batch = _pick(ro.generation_batch_size, r.generation_batch_size)
+        specs.append(FixedSpec(label, model, params, float(e.weight), batch, key))
+    return specs
+
+
+def tokenizer_mismatch(a: Any, b: Any) -> str | None:
+    """Why two tokenizers cannot share token ids (vocabulary or special tokens), or None."""
+    va, vb = a.get_vocab(), b.get_vocab()
+    if va != vb:
+        diff = sorted(set(va.items()) ^ set(vb.items()))[:3]
+        return f"vocabularies differ ({len(va)} vs {len(vb)} tokens; e.g. {diff})"
+    for name in ("bos_token", "eos_token", "unk_token"):
+        if getattr(a, name) != getattr(b, name):
+            return f"{name} differs ({getattr(a, name)!r} vs {getattr(b, name)!r})"
+    sa = set(a.all_special_tokens) - {a.pad_token}
+    sb = set(b.all_special_tokens) - {b.pad_token}
+    if sa != sb:
+        return f"special tokens differ ({sorted(sa ^ sb)})"
+    return None
+
+
+def _model_key(m: ModelConfig) -> tuple[str, str, str]:
+    return (m.path, m.adapter_path, m.dtype)
+
+
+class FixedPolicies:
+    """Loads each distinct fixed model once (specs that differ only in sampling share it).
+
+    ``offload=True`` keeps no fixed model between steps: a model is loaded when a step's rollout
+    needs it and freed by ``release()`` after that rollout, trading load time per use for memory
+    (on CPU there is no device memory to offload to)."""
+
+    def __init__(
+        self, specs: list[FixedSpec], tokenizer: Any, actor_path: str, offload: bool = False
+    ) -> None:
+        self.specs = {s.label: s for s in specs}
+        self.tokenizer = tokenizer
+        self.offload = offload
+        self._models: dict[tuple[str, str, str], Policy] = {}
+        seen: set[str] = set()
+        for s in specs:
+            if s.model.path in seen:
+                continue
+            seen.add(s.model.path)
+            self._check_tokenizer(s, actor_path)
+        if not offload:
+            for s in specs:
+                self._policy(s)
+
+    def _check_tokenizer(self, spec: FixedSpec, actor_path: str) -> None:
+        try:
+            resolved = resolve_model(spec.model.path)
+            tok = load_tokenizer(resolved.hf_dir)
+        except (FileNotFoundError, OSError, ValueError) as e:
+            raise ConfigError(f"{spec.key}.model_path={spec.model.path!r}: {e}") from e
+        why = tokenizer_mismatch(self.tokenizer, tok)
+        if why is not None:
+            raise ConfigError(
+                f"the fixed policy {spec.model.path!r} ({spec.key}.model_path) must share the "
+                f"actor's tokenizer ({actor_path!r}): {why}"
+            )
+
+    def _policy(self, spec: FixedSpec) -> Policy:
+        key = _model_key(spec.model)
+        if key not in self._models:
+            try:
+                self._models[key] = load_policy(spec.model, trainable=False)
+            except FileNotFoundError as e:
+                raise ConfigError(f"{spec.key}: {e}") from e
+        return self._models[key]
+
+    def generator(self, label: str) -> HFGenerator:
+        spec = self.specs[label]
+        policy = self._policy(spec)
+        return HFGenerator(policy.model, self.tokenizer, policy.dtype, spec.batch_size)
+
+    def release(self) -> None:
+        """Free the loaded models when offloading (no-op otherwise)."""
+        if self.offload and self._models:
+            self._models.clear()
+            gc.collect()
+
+    @property
+    def loaded(self) -> int:
+        return len(self._models)

