@@ -1,4 +1,5 @@
-"""``toolgrpo train | eval | sft | infer | serve-env``: YAML plus dotted overrides, as in verl."""
+"""``toolgrpo train | eval | sft | infer | serve-env | label``: YAML plus dotted overrides, as in
+verl."""
 
 from __future__ import annotations
 
@@ -76,6 +77,7 @@ def cmd_infer(args: argparse.Namespace) -> int:
         ground_truth=args.ground_truth,
         system=args.system,
         sample=args.sample,
+        route=args.route,
     )
     return 0
 
@@ -122,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ground-truth", default="", help="the answer, to print the env's reward")
     p.add_argument("--system", default=None, help="an extra system message")
     p.add_argument("--sample", action="store_true", help="sample instead of greedy decoding")
+    p.add_argument("--route", default=None, help="force a route: ANSWER, SEARCH or CALCULATE")
     p.add_argument("rest", nargs=argparse.REMAINDER)
     p.set_defaults(func=cmd_infer)
     p = sub.add_parser("serve-env", help="serve an environment over WebSocket")
@@ -135,6 +138,9 @@ def main(argv: list[str] | None = None) -> int:
         "--import", dest="imports", action="append", default=[], metavar="MODULE", help=imp
     )
     p.set_defaults(func=cmd_serve_env)
+    from toolgrpo.router.label_cli import add_parser as add_label_parser
+
+    add_label_parser(sub)
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,
@@ -144,10 +150,13 @@ def main(argv: list[str] | None = None) -> int:
     from toolgrpo.data.loader import DataError
     from toolgrpo.envs.registry import EnvConfigError
     from toolgrpo.models.registry import ModelNotFound
+    from toolgrpo.router.families import FamilyFileError
+    from toolgrpo.router.routes import UnknownRoute
 
+    usage = (ConfigError, DataError, ModelNotFound, FileNotFoundError, EnvConfigError)
     try:
         return args.func(args)
-    except (ConfigError, DataError, ModelNotFound, FileNotFoundError, EnvConfigError) as e:
+    except (*usage, UnknownRoute, FamilyFileError) as e:
         print(f"toolgrpo {args.command}: error: {e}", file=sys.stderr)
         return 2
 

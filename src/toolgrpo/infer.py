@@ -20,6 +20,7 @@ from toolgrpo.rollout.batcher import GenerationBatcher
 from toolgrpo.rollout.episode import Episode
 from toolgrpo.rollout.hf import HFGenerator
 from toolgrpo.rollout.multi_turn import play_task
+from toolgrpo.router.infer import describe, route_for_infer
 from toolgrpo.trainer.episodes import episode_limits, make_router
 
 _STYLE = {"system": "dim", "user": "cyan", "assistant": "green", "tool": "yellow"}
@@ -35,8 +36,11 @@ def run_infer(
     system: str | None = None,
     sample: bool = False,
     console: Console | None = None,
+    route: str | None = None,
 ) -> Episode:
-    """One episode of ``prompt`` in the environment of ``task_type``; printed and returned."""
+    """One episode of ``prompt`` in the environment of ``task_type``; printed and returned.
+    With a router (a checkpoint's ``router.pt``, or ``router.enable``), the route is chosen
+    first and conditions the prompt; ``route`` forces one."""
     cfg = load_config(TrainConfig, config_path, overrides)
     if checkpoint:
         apply_checkpoint(cfg, checkpoint)
@@ -51,15 +55,20 @@ def run_infer(
     params = val_sampling_params(cfg)
     if sample:
         params = replace(params, do_sample=True, temperature=r.temperature, top_p=r.top_p)
+    console = console or Console()
+    choice, condition = route_for_infer(cfg, policy, task, checkpoint, sample, route)
+    if choice is not None:
+        console.print(describe(choice))
     gen = HFGenerator(policy.model, policy.tokenizer, policy.dtype, 1)
     batcher = GenerationBatcher(gen, params)
     try:
+        env, limits = router.make(task), episode_limits(cfg)
         ep = asyncio.run(
-            play_task(task, router.make(task), batcher, policy.tokenizer, episode_limits(cfg))
+            play_task(task, env, batcher, policy.tokenizer, limits, condition=condition)
         )
     finally:
         batcher.close()
-    print_episode(ep, console or Console(), scored=bool(ground_truth))
+    print_episode(ep, console, scored=bool(ground_truth))
     return ep
 
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from toolgrpo.config.router import RouterConfig
+
 
 @dataclass
 class DataConfig:
@@ -286,6 +288,7 @@ class TrainConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     async_training: AsyncTrainingConfig = field(default_factory=AsyncTrainingConfig)
     rollout_only: RolloutOnlyConfig = field(default_factory=RolloutOnlyConfig)
+    router: RouterConfig = field(default_factory=RouterConfig)  # budgeted tool router (#4)
 
 
 def as_dict(cfg: Any) -> dict:

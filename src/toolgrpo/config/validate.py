@@ -6,6 +6,7 @@ import math
 import re
 
 from toolgrpo.config.loader import ConfigError
+from toolgrpo.config.router import check_router_config
 from toolgrpo.config.schema import MultiTurnConfig, RolloutOnlyConfig, TrainConfig
 from toolgrpo.tools.types import ERROR_TYPES
 
@@ -84,6 +85,7 @@ def validate_train_config(cfg: TrainConfig) -> None:
     if a.use_kl_loss and alg.use_kl_in_reward:
         raise ConfigError("use either actor.use_kl_loss or algorithm.use_kl_in_reward, not both")
     _check_rollout_only(cfg)
+    check_router_config(cfg)
 
 
 def _check_rollback(mt: MultiTurnConfig) -> None:

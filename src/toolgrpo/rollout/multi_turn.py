@@ -9,12 +9,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from toolgrpo.data.task import Task
-from toolgrpo.envs.base import Env, EnvReward, Transcript
+from toolgrpo.envs.base import Env, EnvReward, EnvStart, Transcript
 from toolgrpo.envs.registry import EnvRouter
 from toolgrpo.rollout.batcher import GenerationBatcher
 from toolgrpo.rollout.episode import Episode
@@ -30,6 +30,9 @@ from toolgrpo.tools.parser import parse_tool_calls
 from toolgrpo.tools.types import ToolResult
 
 log = logging.getLogger(__name__)
+
+# Rewrites an episode's opening messages and tools (e.g. the router's route, toolgrpo.router).
+Condition = Callable[[EnvStart], EnvStart]
 
 
 @dataclass(frozen=True)
@@ -53,11 +56,14 @@ async def play_task(
     policy_version: int = 0,
     rollback: RollbackPolicy | None = None,
     budget: NegativeBudget | None = None,
+    condition: Condition | None = None,
 ) -> Episode:
     """One episode of ``task`` in ``env``; never raises for what the model or the tools do.
     With ``rollback``, a turn whose tools fail is undone and re-sampled (``rollback.TurnGuard``);
     ``budget`` caps the negatives its GRPO group keeps."""
     start = await env.reset()
+    if condition is not None:
+        start = condition(start)
     messages, tools = with_tools(tokenizer, start.messages, start.tools)
     prompt_text = render_text(tokenizer, messages, tools, True)
     ep = Episode(
@@ -189,29 +195,47 @@ async def play_tasks(
     policy_version: int = 0,
     max_concurrent: int = 0,
     rollback: RollbackPolicy | None = None,
+    conditions: Sequence[Condition | None] | None = None,
 ) -> list[Episode]:
     """``n`` episodes per task, all in flight at once (or ``max_concurrent``), grouped by task in
     task order; the episodes of one task share a fresh uid (and, with ``rollback``, one cap on
-    the negatives they keep)."""
+    the negatives they keep). ``conditions`` (one per episode, task-major) rewrite each
+    episode's opening prompt."""
+    if conditions is not None and len(conditions) != len(tasks) * n:
+        raise ValueError(f"{len(conditions)} conditions for {len(tasks) * n} episodes")
     sem = asyncio.Semaphore(max_concurrent) if max_concurrent > 0 else None
 
-    async def one(task: Task, uid: str, budget: NegativeBudget | None) -> Episode:
+    async def one(
+        task: Task, uid: str, budget: NegativeBudget | None, cond: Condition | None
+    ) -> Episode:
         env = router.make(task)
         try:
             if sem is None:
-                return await _guarded(task, env, uid, budget)
+                return await _guarded(task, env, uid, budget, cond)
             async with sem:
-                return await _guarded(task, env, uid, budget)
+                return await _guarded(task, env, uid, budget, cond)
         finally:
             try:
                 await env.close()
             except Exception as exc:  # closing is best effort
                 log.warning("closing env for %s failed: %s", task.task_id, exc)
 
-    async def _guarded(task: Task, env: Env, uid: str, budget: NegativeBudget | None) -> Episode:
+    async def _guarded(
+        task: Task, env: Env, uid: str, budget: NegativeBudget | None, cond: Condition | None
+    ) -> Episode:
         try:
             return await play_task(
-                task, env, batcher, tokenizer, limits, uid, step, policy_version, rollback, budget
+                task,
+                env,
+                batcher,
+                tokenizer,
+                limits,
+                uid,
+                step,
+                policy_version,
+                rollback,
+                budget,
+                cond,
             )
         except SnapshotUnsupported:  # a setup error: stop the run, do not score it
             raise
@@ -223,8 +247,9 @@ async def play_tasks(
             return ep
 
     jobs = []
-    for task in tasks:
+    for t, task in enumerate(tasks):
         uid = uuid.uuid4().hex
         budget = NegativeBudget(rollback.max_negatives_per_group) if rollback else None
-        jobs.extend(one(task, uid, budget) for _ in range(n))
+        conds = conditions[t * n : (t + 1) * n] if conditions is not None else [None] * n
+        jobs.extend(one(task, uid, budget, c) for c in conds)
     return list(await asyncio.gather(*jobs))

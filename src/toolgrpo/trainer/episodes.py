@@ -17,7 +17,7 @@ from toolgrpo.rewards.types import RllaFlags
 from toolgrpo.rollout.batcher import GenerationBatcher
 from toolgrpo.rollout.episode import Episode
 from toolgrpo.rollout.generator import Generator, SamplingParams
-from toolgrpo.rollout.multi_turn import EpisodeLimits, play_tasks
+from toolgrpo.rollout.multi_turn import Condition, EpisodeLimits, play_tasks
 from toolgrpo.rollout.rollback import RollbackPolicy, check_snapshot_support
 from toolgrpo.trainer.batch import Batch, collate_episodes
 
@@ -74,9 +74,11 @@ class EpisodeRunner:
         policy_version: int,
         generator: Generator | None = None,
         rollback: bool = True,
+        conditions: Sequence[Condition | None] | None = None,
     ) -> list[Episode]:
         """``params.n`` episodes per task, grouped by task; generation batched across them.
-        ``rollback=False`` (validation) plays the policy as is, even with rollback configured."""
+        ``rollback=False`` (validation) plays the policy as is, even with rollback configured;
+        ``conditions`` rewrite each episode's opening prompt (the router's routes)."""
         mt = self.cfg.actor_rollout_ref.rollout.multi_turn
         batcher = GenerationBatcher(
             generator or self.generator,
@@ -96,6 +98,7 @@ class EpisodeRunner:
                     policy_version=policy_version,
                     max_concurrent=mt.max_concurrent_episodes,
                     rollback=self.rollback if rollback else None,
+                    conditions=conditions,
                 )
             )
         finally:

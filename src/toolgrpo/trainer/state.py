@@ -2,7 +2,8 @@
 
 Layout of ``checkpoints/global_step_N``: ``model/`` (safetensors ``from_pretrained`` loads; LoRA
 merged), ``adapter/`` (LoRA runs), ``optimizer.pt`` (optimizer, scheduler, value head, KL
-controller), ``trainer_state.json`` (step, sampler position, config) — written last.
+controller), ``router.pt`` (router head and budget state, with ``router.enable``),
+``trainer_state.json`` (step, sampler position, config) — written last.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from safetensors.torch import load_file
 
 from toolgrpo.config.schema import as_dict
 from toolgrpo.models.loading import Policy, save_hf_model
+from toolgrpo.router.infer import ROUTER_FILE
 from toolgrpo.trainer.checkpoint import (
     latest_checkpoint,
     load_torch,
@@ -56,6 +58,8 @@ def save(trainer: Trainer, step: int) -> Path:
             },
             d / "optimizer.pt",
         )
+        if trainer.router is not None:
+            save_torch(trainer.router.state_dict(), d / ROUTER_FILE)
 
     state = {
         "global_step": step,
@@ -100,5 +104,7 @@ def load(trainer: Trainer, ckpt: Path) -> int:
         actor.value_head.load_state_dict(opt["value_head"])
     if hasattr(trainer.kl_ctrl, "value"):
         trainer.kl_ctrl.value = opt["kl_coef"]
+    if trainer.router is not None and (ckpt / ROUTER_FILE).is_file():
+        trainer.router.load_state_dict(load_torch(ckpt / ROUTER_FILE))  # head, λ, dual window
     trainer.sampler.load_state_dict(state["sampler"])
     return int(state["global_step"])

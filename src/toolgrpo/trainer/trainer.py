@@ -38,6 +38,7 @@ from toolgrpo.rollout.generator import Completion, SamplingParams
 from toolgrpo.rollout.hf import HFGenerator
 from toolgrpo.rollout.prompts import filter_overlong
 from toolgrpo.rollout.single_turn import rollout_tasks, solution_text
+from toolgrpo.router.runtime import RouterRuntime
 from toolgrpo.trainer import state as ckpt_state
 from toolgrpo.trainer.actor import Actor
 from toolgrpo.trainer.batch import Batch, collate, negative_parents
@@ -105,6 +106,11 @@ class Trainer:
             router = make_router(cfg, self.flags)
             self.episodes = EpisodeRunner(cfg, self.generator, self.tokenizer, router)
             self.episodes.check(self.tasks)  # environments (and their snapshots, for rollback)
+        # The budgeted tool router (issue #4), off unless router.enable is set.
+        self.router: RouterRuntime | None = None
+        if cfg.router.enable:
+            envs = self.episodes.router if self.episodes is not None else None
+            self.router = RouterRuntime(cfg, self.policy, self.tasks, envs, self.actor)
         self._val_tasks: list[Task] | None = None
         self.step = 0
         self._resume()
@@ -157,13 +163,17 @@ class Trainer:
             rolled.metrics["async/dropped_stale"] = float(producer.buffer.dropped)
         batch, timing = rolled.batch, dict(rolled.timing)
 
+        lm = self.router is None or not self.router.freeze_lm  # router-only runs skip the LM
         t0 = time.time()
-        extra = self.prepare_old_and_ref(batch, behaviour=producer is not None)
-        kl_metrics = self.compute_advantages(batch)
+        extra = self.prepare_old_and_ref(batch, behaviour=producer is not None) if lm else {}
+        kl_metrics = self.compute_advantages(batch) if lm else {}
         timing["timing/logprob_s"] = time.time() - t0
 
         t0 = time.time()
-        if producer is None:
+        router_metrics = self.router.update() if self.router is not None else {}
+        if not lm:
+            actor_metrics = {}
+        elif producer is None:
             actor_metrics = self.actor.update(batch)
         else:
             with producer.lock:  # the rollout thread copies weights only between updates
@@ -171,7 +181,8 @@ class Trainer:
             producer.updated()
         timing["timing/train_s"] = time.time() - t0
         timing["timing/step_s"] = time.time() - t_step
-        extra = {**extra, **kl_metrics, **actor_metrics, "reward/nonfinite": rolled.nonfinite}
+        extra = {**extra, **kl_metrics, **actor_metrics, **router_metrics}
+        extra["reward/nonfinite"] = rolled.nonfinite
         return {
             **batch_metrics(batch, timing, extra, self.sampler.state.epoch),
             **rolled.metrics,
@@ -189,6 +200,8 @@ class Trainer:
             batch, nonfinite = self.episodes.to_batch(items)
             batch.policies = policies + [policies[i] for i in negative_parents(items)]
             metrics = {**episode_metrics(items), **self._mixture_metrics(step, batch)}
+            if self.router is not None:
+                metrics.update(self.router.observe(items, [e.reward for e in items]))
             return Rolled(batch, metrics, timing, float(nonfinite))
         completions, uids, owners = (list(x) for x in zip(*items, strict=True))
         t0 = time.time()
@@ -199,6 +212,8 @@ class Trainer:
         batch.scores_B = torch.tensor([s.total for s in scores], dtype=torch.float32)
         batch.policies = policies
         metrics = {**completion_metrics(completions, scores), **self._mixture_metrics(step, batch)}
+        if self.router is not None:
+            metrics.update(self.router.observe(items, [s.total for s in scores]))
         return Rolled(batch, metrics, timing, float(nonfinite))
 
     def _generate(self, step: int, tasks: list[Task], generator: Any) -> tuple[list, list[str]]:
@@ -208,8 +223,15 @@ class Trainer:
         policies: list[str] = []
         with self._rollout_parts(step, tasks, generator) as parts:
             for p in parts:
+                # With the router, each rollout's route is sampled first and rewrites its prompt.
+                plan = self.router.plan(p.tasks, p.params.n) if self.router is not None else None
                 if self.episodes is not None:
-                    got = self.episodes.play(p.tasks, p.params, step, self.step, p.generator)
+                    conds = plan.conditions if plan is not None else None
+                    got = self.episodes.play(
+                        p.tasks, p.params, step, self.step, p.generator, conditions=conds
+                    )
+                elif plan is not None:
+                    got = self.router.rollout(plan, p.generator, p.params)
                 else:
                     got = list(zip(*self.rollout(p.tasks, p.generator, p.params), strict=True))
                 items += got

@@ -1,0 +1,66 @@
+"""The budgeted router's objective as pure tensor functions: a Lagrangian reward, GRPO
+advantages over it, a policy-gradient loss over route choices, and the dual step on λ."""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+
+import torch
+
+from toolgrpo.algos.advantages import compute_grpo_advantages
+
+
+def router_rewards(task_B: torch.Tensor, cost_B: torch.Tensor, lam: float) -> torch.Tensor:
+    """r_router = r_task − λ·cost: the Lagrangian of "maximise reward s.t. E[cost] ≤ B"."""
+    return task_B.float() - float(lam) * cost_B.float()
+
+
+def router_advantages(
+    rewards_B: torch.Tensor, uids: Sequence[Hashable], norm_by_std: bool = True
+) -> torch.Tensor:
+    """GRPO over the routes sampled for one prompt (its rollouts share a uid): one scalar each."""
+    ones = torch.ones(rewards_B.shape[0], 1)
+    adv_B1, _ = compute_grpo_advantages(rewards_B.float(), ones, uids, norm_by_std)
+    return adv_B1[:, 0].float()
+
+
+def route_entropy(logits_BK: torch.Tensor) -> torch.Tensor:
+    logp = torch.log_softmax(logits_BK.float(), dim=-1)
+    return -(logp.exp() * logp).sum(-1)
+
+
+def router_loss(
+    logits_BK: torch.Tensor,
+    actions_B: torch.Tensor,
+    advantages_B: torch.Tensor,
+    entropy_coeff: float = 0.0,
+    labels_B: torch.Tensor | None = None,
+    label_coeff: float = 0.0,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """−mean(log π(a|x)·A) − c_H·mean(H(π(·|x))) + c_L·CE(π, weak label).
+
+    ``labels_B`` holds a route index per row, or −1 where there is no usable label (none, or
+    MIXED); the cross-entropy averages over labelled rows only and is 0 without any.
+    """
+    logp_BK = torch.log_softmax(logits_BK.float(), dim=-1)
+    logp_B = logp_BK.gather(-1, actions_B.long().view(-1, 1)).squeeze(-1)
+    pg = -(logp_B * advantages_B.detach().float()).mean()
+    entropy = route_entropy(logits_BK).mean()
+    ce = logits_BK.new_zeros((), dtype=torch.float32)
+    if labels_B is not None and label_coeff > 0 and bool((labels_B >= 0).any()):
+        keep = labels_B >= 0
+        ce = torch.nn.functional.nll_loss(logp_BK[keep], labels_B[keep].long())
+    loss = pg - entropy_coeff * entropy + label_coeff * ce
+    metrics = {
+        "router/pg_loss": float(pg.detach()),
+        "router/entropy": float(entropy.detach()),
+        "router/label_ce": float(ce.detach()),
+        "router/loss": float(loss.detach()),
+    }
+    return loss, metrics
+
+
+def dual_update(lam: float, mean_cost: float, budget: float, lr: float) -> float:
+    """Projected dual ascent: λ ← max(0, λ + η·(mean_cost − B)). Overspending raises the price
+    of a tool call; underspending lowers it, never below zero."""
+    return max(0.0, float(lam) + float(lr) * (float(mean_cost) - float(budget)))

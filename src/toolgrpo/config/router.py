@@ -1,0 +1,158 @@
+"""Config of the budgeted tool router (``toolgrpo.router``) and its value checks.
+
+An example (defaults are in ``RouterConfig``)::
+
+    router:
+      enable: true
+      routes: [ANSWER, SEARCH, CALCULATE]  # what the head chooses among (a subset is allowed)
+      pooling: last          # last | mean: the prompt representation
+      freeze_lm: true        # router-only training: the LM takes no update
+      lr: 1.0                # the head's own SGD; null = a param group in the actor's optimizer
+      budget: 0.3            # B: average tool cost per example
+      lambda_init: 0.0       # λ at step 0 (a resumed run restores its own)
+      dual_lr: 0.1           # η in λ ← max(0, λ + η·(mean_cost − B))
+      update_every: 1        # K: steps per dual step
+      cost: {mode: any, c_search: 1.0, c_calc: 1.0, c_other: 1.0, max_calls: 4}
+      families_file: ""      # sidecar {tool: SEARCH|CALCULATE|OTHER} overriding the heuristic
+      label_file: ""         # weak labels from ``toolgrpo label``; label_coeff weighs them
+
+Bad values raise ``ConfigError`` naming the key (``check_router_config``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from toolgrpo.router.routes import ROUTES, UnknownRoute, check_name
+
+COST_MODES = ("any", "family", "calls")
+POOLINGS = ("last", "mean")
+
+
+@dataclass
+class RouterCostConfig:
+    mode: str = "any"  # any: 1 if a tool was used | family: weights of families used | calls
+    c_search: float = 1.0
+    c_calc: float = 1.0
+    c_other: float = 1.0  # tools of neither family
+    max_calls: int = 4  # calls mode: more calls than this cost as much as this many
+
+
+@dataclass
+class RouterLabelerConfig:
+    """Label at startup when ``router.label_file`` does not exist yet (``toolgrpo label`` does the
+    same offline). An endpoint that is down or answers garbage is logged; training goes on."""
+
+    base_url: str = ""  # an OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1
+    model: str = ""
+    api_key_env: str = "OPENAI_API_KEY"  # the env var holding the key (unset: no auth header)
+    timeout_s: float = 30.0
+
+
+@dataclass
+class RouterConfig:
+    enable: bool = False
+    routes: list[str] = field(default_factory=lambda: list(ROUTES))
+    pooling: str = "last"
+    head_hidden: int = 0  # 0 = a linear head; > 0 = one tanh hidden layer of this width
+    freeze_lm: bool = False
+    # SGD on unit-norm features: one step moves a prompt's logits by about lr·advantage. None =
+    # a param group in the actor's optimizer (its lr, e.g. 1e-6, is far too small for a fresh head).
+    lr: float | None = 1.0
+    grad_clip: float = 1.0
+    entropy_coeff: float = 0.01
+    norm_adv_by_std: bool = True  # GRPO (True) or Dr.GRPO (False) advantages over r_router
+    budget: float = 0.3
+    lambda_init: float = 0.0
+    dual_lr: float = 0.1
+    update_every: int = 1
+    cost: RouterCostConfig = field(default_factory=RouterCostConfig)
+    family_tools_only: bool = False  # SEARCH/CALCULATE routes drop the other family's tools
+    families_file: str = ""
+    label_file: str = ""
+    label_coeff: float = 0.0
+    labeler: RouterLabelerConfig = field(default_factory=RouterLabelerConfig)
+
+
+def max_cost(c: RouterCostConfig) -> float:
+    """The largest cost of one trajectory under ``c`` (mirrors ``router.usage.CostModel``)."""
+    weights = (c.c_search, c.c_calc, c.c_other)
+    if c.mode == "any":
+        return 1.0
+    if c.mode == "family":
+        return float(sum(weights))
+    return float(c.max_calls * max(weights))
+
+
+def check_router_config(cfg: Any) -> None:
+    """Raise ConfigError naming the key for router settings the trainer cannot honour (checked
+    even when the router is off, so a typo surfaces before it is used)."""
+    from toolgrpo.config.loader import ConfigError
+
+    rc: RouterConfig = cfg.router
+    for i, name in enumerate(rc.routes):
+        try:
+            check_name(name, ROUTES, "route")
+        except UnknownRoute as e:
+            raise ConfigError(f"router.routes[{i}]: {e}") from None
+    routes = [str(r).upper() for r in rc.routes]
+    if len(set(routes)) != len(routes) or len(routes) < 2:
+        raise ConfigError(f"router.routes needs at least 2 distinct routes, got {rc.routes}")
+    if rc.pooling not in POOLINGS:
+        raise ConfigError(f"router.pooling={rc.pooling!r} is not one of {', '.join(POOLINGS)}")
+    if rc.cost.mode not in COST_MODES:
+        raise ConfigError(
+            f"router.cost.mode={rc.cost.mode!r} is not one of {', '.join(COST_MODES)}"
+        )
+    nonneg = {
+        "router.cost.c_search": rc.cost.c_search,
+        "router.cost.c_calc": rc.cost.c_calc,
+        "router.cost.c_other": rc.cost.c_other,
+        "router.entropy_coeff": rc.entropy_coeff,
+        "router.lambda_init": rc.lambda_init,
+        "router.dual_lr": rc.dual_lr,
+        "router.label_coeff": rc.label_coeff,
+        "router.head_hidden": rc.head_hidden,
+    }
+    for key, value in nonneg.items():
+        if not (math.isfinite(value) and value >= 0):
+            raise ConfigError(f"{key} must be a finite number >= 0, got {value}")
+    for key, value in {
+        "router.cost.max_calls": rc.cost.max_calls,
+        "router.update_every": rc.update_every,
+        "router.grad_clip": rc.grad_clip,
+    }.items():
+        if not value > 0:
+            raise ConfigError(f"{key} must be > 0, got {value}")
+    if rc.lr is not None and not (math.isfinite(rc.lr) and rc.lr > 0):
+        raise ConfigError(f"router.lr must be > 0 (or null for the actor's optimizer), got {rc.lr}")
+    top = max_cost(rc.cost)
+    if not (math.isfinite(rc.budget) and 0 <= rc.budget <= top):
+        raise ConfigError(
+            f"router.budget={rc.budget} must lie in [0, {top:g}], the cost range of "
+            f"router.cost.mode={rc.cost.mode} with these weights"
+        )
+    if rc.label_coeff > 0 and not (rc.label_file or rc.labeler.base_url):
+        raise ConfigError("router.label_coeff > 0 needs router.label_file (or router.labeler)")
+    if rc.labeler.base_url and not rc.labeler.model:
+        raise ConfigError("router.labeler.base_url is set: name the model (router.labeler.model)")
+    if rc.labeler.timeout_s <= 0:
+        raise ConfigError(f"router.labeler.timeout_s must be > 0, got {rc.labeler.timeout_s}")
+    if rc.families_file and not Path(rc.families_file).is_file():
+        raise ConfigError(f"router.families_file={rc.families_file!r} is not a file")
+    if rc.label_file and not rc.labeler.base_url and not Path(rc.label_file).is_file():
+        raise ConfigError(
+            f"router.label_file={rc.label_file!r} is not a file (write one with toolgrpo label)"
+        )
+    if not rc.enable:
+        return
+    if cfg.async_training.enable:
+        raise ConfigError("router.enable does not support async_training.enable yet")
+    if cfg.actor_rollout_ref.rollout.n < 2:
+        raise ConfigError(
+            "router.enable compares the routes of one prompt's rollouts: set "
+            "actor_rollout_ref.rollout.n >= 2"
+        )

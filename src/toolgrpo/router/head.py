@@ -1,0 +1,113 @@
+"""The router head: route logits from a prompt representation taken from the actor's LM.
+
+The representation is the final hidden state of the prompt's last token (``last``: with left
+padding it has attended to the whole prompt) or the mean over the prompt's tokens (``mean``).
+The head normalises it and maps it to one logit per route; zero-initialised, so a fresh head is
+uniform over routes rather than arbitrarily confident.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from toolgrpo.models.logprobs import position_ids_from_mask
+
+POOLINGS = ("last", "mean")
+
+
+@dataclass
+class RouterOutput:
+    """What a router forward gives (shapes: B prompts, K routes)."""
+
+    router_logits: torch.Tensor  # [B, K]
+    router_action: torch.Tensor  # [B] route index, sampled or argmax
+    router_log_prob: torch.Tensor  # [B] log π(action | prompt)
+
+    @property
+    def probs(self) -> torch.Tensor:
+        return torch.softmax(self.router_logits.float(), dim=-1)
+
+
+class RouterHead(torch.nn.Module):
+    def __init__(self, hidden_size: int, num_routes: int = 3, mlp_hidden: int = 0) -> None:
+        super().__init__()
+        self.hidden_size, self.num_routes, self.mlp_hidden = hidden_size, num_routes, mlp_hidden
+        self.norm = torch.nn.LayerNorm(hidden_size, elementwise_affine=False)
+        layers: list[torch.nn.Module] = []
+        width = hidden_size
+        if mlp_hidden > 0:
+            layers += [torch.nn.Linear(hidden_size, mlp_hidden), torch.nn.Tanh()]
+            width = mlp_hidden
+        out = torch.nn.Linear(width, num_routes)
+        torch.nn.init.zeros_(out.weight)
+        torch.nn.init.zeros_(out.bias)
+        self.net = torch.nn.Sequential(*layers, out)
+
+    def forward(self, features_BH: torch.Tensor) -> torch.Tensor:
+        # Unit-norm inputs: a gradient step of size lr moves a prompt's logits by about lr·A,
+        # whatever the LM's width.
+        return self.net(self.norm(features_BH.float()) / self.hidden_size**0.5)
+
+    def act(
+        self, features_BH: torch.Tensor, sample: bool = True, generator: Any = None
+    ) -> RouterOutput:
+        """Logits, a sampled (or argmax) route per row, and its log-probability."""
+        logits = self(features_BH)
+        logp = torch.log_softmax(logits, dim=-1)
+        if sample:
+            action = torch.multinomial(logp.exp().detach(), 1, generator=generator).squeeze(-1)
+        else:
+            action = logits.detach().argmax(-1)
+        return RouterOutput(logits, action, logp.gather(-1, action.view(-1, 1)).squeeze(-1))
+
+
+def pool(hidden_BTH: torch.Tensor, mask_BT: torch.Tensor, pooling: str) -> torch.Tensor:
+    """One vector per row from left-padded hidden states."""
+    if pooling == "last":
+        return hidden_BTH[:, -1]
+    if pooling == "mean":
+        m = mask_BT.to(hidden_BTH.dtype).unsqueeze(-1)
+        return (hidden_BTH * m).sum(1) / m.sum(1).clamp(min=1.0)
+    raise ValueError(f"unknown router pooling {pooling!r}; known: {', '.join(POOLINGS)}")
+
+
+@torch.no_grad()
+def prompt_features(
+    causal_lm: Any,
+    prompts: Sequence[Sequence[int]],
+    pad_id: int,
+    pooling: str = "last",
+    batch_size: int = 8,
+    autocast: Callable[[], AbstractContextManager] | None = None,
+) -> torch.Tensor:
+    """``[B, H]`` float32 prompt representations from the LM's final hidden states (no grad:
+    the router loss trains the head only)."""
+    backbone = causal_lm.get_decoder()
+    was_training = causal_lm.training
+    causal_lm.eval()
+    out = []
+    try:
+        for s in range(0, len(prompts), batch_size):
+            chunk = [list(p) for p in prompts[s : s + batch_size]]
+            width = max(len(p) for p in chunk)
+            ids = torch.full((len(chunk), width), pad_id, dtype=torch.long)
+            mask = torch.zeros((len(chunk), width), dtype=torch.long)
+            for r, p in enumerate(chunk):
+                ids[r, width - len(p) :] = torch.tensor(p, dtype=torch.long)
+                mask[r, width - len(p) :] = 1
+            with autocast() if autocast is not None else nullcontext():
+                h = backbone(
+                    input_ids=ids,
+                    attention_mask=mask,
+                    position_ids=position_ids_from_mask(mask),
+                    use_cache=False,
+                ).last_hidden_state
+            out.append(pool(h.float(), mask, pooling))
+    finally:
+        causal_lm.train(was_training)
+    return torch.cat(out, dim=0)

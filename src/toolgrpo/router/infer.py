@@ -1,0 +1,101 @@
+"""Routing one prompt at inference: the checkpoint's head (or a fresh one), its route
+probabilities, and the prompt conditioning to play the chosen route with."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from toolgrpo.data.task import Task
+from toolgrpo.envs.base import EnvStart
+from toolgrpo.rollout.prompts import render_prompt
+from toolgrpo.router.families import FamilyMap, message_tools, read_family_file, spec_tools
+from toolgrpo.router.policy import RouterPolicy
+from toolgrpo.router.prompts import condition_start
+from toolgrpo.router.routes import ROUTES, check_name
+
+ROUTER_FILE = "router.pt"  # in a checkpoint directory, next to optimizer.pt
+
+
+@dataclass(frozen=True)
+class RouteChoice:
+    route: str
+    probs: dict[str, float]
+    fresh: bool  # an untrained head (uniform probabilities)
+
+
+def load_router(cfg: Any, lm: Any, checkpoint: str | None) -> tuple[RouterPolicy | None, bool]:
+    """The head saved in ``checkpoint`` (its own shape and pooling), else a fresh head when
+    ``router.enable`` is set, else None; the flag says whether the head is fresh."""
+    path = Path(checkpoint) / ROUTER_FILE if checkpoint else None
+    if path is not None and path.is_file():
+        state = torch.load(path, map_location="cpu", weights_only=False)
+        meta = state["meta"]
+        router = RouterPolicy(lm, meta["routes"], meta["pooling"], meta["head_hidden"], lr=1.0)
+        router.load_state_dict(state)
+        return router, False
+    if not cfg.router.enable:
+        return None, False
+    rc = cfg.router
+    return RouterPolicy(lm, rc.routes, rc.pooling, rc.head_hidden, lr=1.0), True
+
+
+def choose_route(
+    router: RouterPolicy,
+    task: Task,
+    max_prompt_length: int,
+    sample: bool = False,
+    force: str | None = None,
+    fresh: bool = False,
+) -> RouteChoice:
+    """The route for ``task``'s original prompt: argmax (or sampled), unless ``force`` names one."""
+    ids = render_prompt(router.lm.tokenizer, task.messages, max_prompt_length, "left")
+    out = router.forward([ids], sample=sample)
+    probs = {r: float(p) for r, p in zip(router.routes, out.probs[0].tolist(), strict=True)}
+    route = router.routes[int(out.router_action[0])]
+    if force:
+        route = check_name(force, ROUTES, "route")
+    return RouteChoice(route, probs, fresh)
+
+
+def conditioner(route: str, families_file: str = "", family_tools_only: bool = False) -> Any:
+    """``EnvStart -> EnvStart`` for ``route``; families from the heuristic over the tools the
+    episode opens with, overridden by ``families_file``."""
+    overrides = read_family_file(families_file) if families_file else {}
+
+    def apply(start: EnvStart) -> EnvStart:
+        fm = FamilyMap(overrides=dict(overrides))
+        fm.add(message_tools(start.messages) + spec_tools(start.tools))
+        return condition_start(start, route, fm, family_tools_only)
+
+    return apply
+
+
+def describe(choice: RouteChoice) -> str:
+    probs = "  ".join(f"{r} {p:.2f}" for r, p in choice.probs.items())
+    note = " (fresh head: untrained, uniform)" if choice.fresh else ""
+    return f"route: {choice.route}   [{probs}]{note}"
+
+
+def route_for_infer(
+    cfg: Any,
+    lm: Any,
+    task: Task,
+    checkpoint: str | None,
+    sample: bool = False,
+    force: str | None = None,
+) -> tuple[RouteChoice | None, Any]:
+    """``toolgrpo infer``'s routing: the choice (None without a router) and the episode's
+    prompt conditioning (None: the prompt as given)."""
+    router, fresh = load_router(cfg, lm, checkpoint)
+    if router is not None:
+        choice = choose_route(router, task, cfg.data.max_prompt_length, sample, force, fresh)
+    elif force:
+        choice = RouteChoice(check_name(force, ROUTES, "route"), {}, False)
+    else:
+        return None, None
+    rc = cfg.router
+    return choice, conditioner(choice.route, rc.families_file, rc.family_tools_only)

@@ -1,0 +1,123 @@
+"""The router as part of the actor: the head on the actor's LM, its forward API and its update.
+
+``forward`` is what the issue calls the actor's router API: prompt ids in, ``router_logits``
+``[B, K]``, ``router_action`` and ``router_log_prob`` out. Features come from the LM without
+gradient, so the router loss trains the head only; the LM learns (unless frozen) from its own
+GRPO/PPO loss. The head has its own SGD, or joins the actor's optimizer as a param group.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from toolgrpo.algos.router import router_loss
+from toolgrpo.router.head import RouterHead, RouterOutput, prompt_features
+
+
+class RouterPolicy:
+    def __init__(
+        self,
+        lm: Any,  # models.loading.Policy (its ``base`` LM and ``autocast``)
+        routes: Sequence[str],
+        pooling: str = "last",
+        head_hidden: int = 0,
+        lr: float | None = 1.0,
+        grad_clip: float = 1.0,
+        actor_optimizer: torch.optim.Optimizer | None = None,
+        actor_scheduler: Any = None,
+    ) -> None:
+        self.lm = lm
+        self.routes = [r.upper() for r in routes]
+        self.pooling = pooling
+        self.grad_clip = grad_clip
+        hidden = lm.base.config.hidden_size
+        self.head = RouterHead(hidden, len(self.routes), head_hidden)
+        self.shared = lr is None
+        if self.shared:
+            if actor_optimizer is None:
+                raise ValueError("router.lr=null shares the actor's optimizer, but none was given")
+            actor_optimizer.add_param_group({"params": list(self.head.parameters())})
+            self.optimizer = actor_optimizer
+            if actor_scheduler is not None:
+                _follow_schedule(actor_scheduler, actor_optimizer.param_groups[-1])
+        else:
+            self.optimizer = torch.optim.SGD(self.head.parameters(), lr=lr)
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        """What rebuilding the head needs (stored in checkpoints, read by ``toolgrpo infer``)."""
+        h = self.head
+        return {
+            "routes": self.routes,
+            "pooling": self.pooling,
+            "hidden_size": h.hidden_size,
+            "head_hidden": h.mlp_hidden,
+        }
+
+    def features(self, prompts: Sequence[Sequence[int]]) -> torch.Tensor:
+        pad = self.lm.tokenizer.pad_token_id
+        return prompt_features(self.lm.base, prompts, pad, self.pooling, autocast=self.lm.autocast)
+
+    @torch.no_grad()
+    def act(self, features_BH: torch.Tensor, sample: bool = True) -> RouterOutput:
+        return self.head.act(features_BH, sample)
+
+    def forward(self, prompts: Sequence[Sequence[int]], sample: bool = True) -> RouterOutput:
+        """Route prompts: their features, then the head (with gradient through the head)."""
+        return self.head.act(self.features(prompts), sample)
+
+    def update(
+        self,
+        features_BH: torch.Tensor,
+        actions_B: torch.Tensor,
+        advantages_B: torch.Tensor,
+        entropy_coeff: float,
+        labels_B: torch.Tensor | None = None,
+        label_coeff: float = 0.0,
+    ) -> dict[str, float]:
+        """One optimizer step on the router loss (logits recomputed with gradient)."""
+        self.head.train()
+        self.optimizer.zero_grad(
+            set_to_none=True
+        )  # shared: the LM's grads too, so only the head steps
+        logits = self.head(features_BH)
+        loss, metrics = router_loss(
+            logits, actions_B, advantages_B, entropy_coeff, labels_B, label_coeff
+        )
+        loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(list(self.head.parameters()), self.grad_clip)
+        if torch.isfinite(norm):
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        metrics["router/grad_norm"] = float(norm)
+        return metrics
+
+    def state_dict(self) -> dict[str, Any]:
+        opt = None if self.shared else self.optimizer.state_dict()  # shared: in optimizer.pt
+        return {"meta": self.meta, "head": self.head.state_dict(), "optimizer": opt}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        meta = state.get("meta", {})
+        mine = self.meta
+        for key in ("routes", "hidden_size", "head_hidden"):
+            if key in meta and meta[key] != mine[key]:
+                raise ValueError(
+                    f"the checkpoint's router head has {key}={meta[key]!r}, this run {mine[key]!r}"
+                )
+        self.head.load_state_dict(state["head"])
+        if state.get("optimizer") is not None and not self.shared:
+            self.optimizer.load_state_dict(state["optimizer"])
+
+
+def _follow_schedule(scheduler: Any, group: dict[str, Any]) -> None:
+    """Give a param group added after the actor's ``LambdaLR`` was built the actor's schedule
+    (the scheduler steps every group, and requires one lambda and base lr per group)."""
+    group.setdefault("initial_lr", group["lr"])
+    scheduler.base_lrs.append(group["initial_lr"])
+    if hasattr(scheduler, "lr_lambdas"):
+        scheduler.lr_lambdas.append(scheduler.lr_lambdas[0])
+    if hasattr(scheduler, "_last_lr"):
+        scheduler._last_lr.append(group["lr"])

@@ -1,0 +1,222 @@
+"""The trainer's hook into the router: plan routes before generation, condition each rollout's
+prompt, observe rewards and tool costs after it, update the head and λ once per step.
+
+The trainer calls, per step: ``plan`` (per rollout part), then either ``plan.conditions`` (one
+per episode, for the episode loop) or ``rollout`` (single-turn), then ``observe`` with the
+step's items and task rewards, then ``update``. Everything else stays inside this package.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+
+from toolgrpo.algos.router import router_advantages, router_rewards
+from toolgrpo.data.task import Task
+from toolgrpo.envs.base import EnvStart
+from toolgrpo.envs.registry import EnvRouter
+from toolgrpo.rollout.episode import Episode
+from toolgrpo.rollout.generator import Completion, SamplingParams
+from toolgrpo.rollout.prompts import render_prompt
+from toolgrpo.router.budget import Budget
+from toolgrpo.router.catalog import build_families, load_labels
+from toolgrpo.router.metrics import observe_metrics
+from toolgrpo.router.policy import RouterPolicy
+from toolgrpo.router.prompts import condition_messages, condition_start
+from toolgrpo.router.usage import CostModel, ToolUsage, usage_of_messages, usage_of_text
+
+Condition = Callable[[EnvStart], EnvStart]
+
+
+@dataclass
+class RoutePlan:
+    """Routes for ``n`` rollouts of each task (rows task-major), sampled from the original
+    prompts' representations."""
+
+    tasks: list[Task]
+    n: int
+    features_TH: torch.Tensor
+    actions_B: torch.Tensor  # [T * n] route indices
+    routes: list[str]  # [T * n] route names
+    conditions: list[Condition] = field(default_factory=list)
+
+
+@dataclass
+class _Step:
+    """One step's router samples, kept between ``observe`` and ``update``."""
+
+    features_BH: torch.Tensor
+    actions_B: torch.Tensor
+    advantages_B: torch.Tensor
+    labels_B: torch.Tensor
+
+
+class RouterRuntime:
+    def __init__(
+        self,
+        cfg: Any,  # TrainConfig
+        lm: Any,  # models.loading.Policy
+        tasks: Sequence[Task],
+        envs: EnvRouter | None,
+        actor: Any = None,  # trainer.actor.Actor: its optimizer and schedule, for router.lr=null
+    ) -> None:
+        rc = cfg.router
+        self.rc = rc
+        self.tokenizer = lm.tokenizer
+        self.max_prompt_length = cfg.data.max_prompt_length
+        self.truncation = cfg.data.truncation
+        self.labels = load_labels(rc, tasks, envs)
+        label_tools = self.labels.tools if self.labels else None
+        self.families = build_families(tasks, envs, rc.families_file, label_tools)
+        self.cost = CostModel.from_config(rc.cost)
+        self.budget = Budget(rc.budget, rc.lambda_init, rc.dual_lr, rc.update_every)
+        self.policy = RouterPolicy(
+            lm,
+            rc.routes,
+            rc.pooling,
+            rc.head_hidden,
+            rc.lr,
+            rc.grad_clip,
+            actor.optimizer if actor is not None else None,
+            actor.scheduler if actor is not None else None,
+        )
+        self.routes = self.policy.routes
+        self._plans: list[RoutePlan] = []
+        self._step: _Step | None = None
+
+    @property
+    def freeze_lm(self) -> bool:
+        return bool(self.rc.freeze_lm)
+
+    # ---- before generation ------------------------------------------------------------------
+    def plan(self, tasks: Sequence[Task], n: int) -> RoutePlan:
+        """Sample a route for each of the ``n`` rollouts of every task."""
+        prompts = [
+            render_prompt(self.tokenizer, t.messages, self.max_prompt_length, "left") for t in tasks
+        ]
+        feats = self.policy.features(prompts)
+        out = self.policy.act(feats.repeat_interleave(n, dim=0), sample=True)
+        routes = [self.routes[int(a)] for a in out.router_action]
+        plan = RoutePlan(list(tasks), n, feats, out.router_action, routes)
+        plan.conditions = [self._condition(r) for r in routes]
+        self._plans.append(plan)
+        return plan
+
+    def _condition(self, route: str) -> Condition:
+        def apply(start: EnvStart) -> EnvStart:
+            return condition_start(start, route, self.families, self.rc.family_tools_only)
+
+        return apply
+
+    def rollout(
+        self, plan: RoutePlan, generator: Any, params: SamplingParams
+    ) -> list[tuple[Completion, str, Task]]:
+        """Single-turn rollouts of a plan, as ``(completion, uid, task)`` in plan row order: one
+        prompt per (task, route), sampled as many times as that route was drawn."""
+        keys: list[tuple[int, str]] = []
+        rows_of: dict[tuple[int, str], list[int]] = {}
+        for row, route in enumerate(plan.routes):
+            key = (row // plan.n, route)
+            if key not in rows_of:
+                keys.append(key)
+            rows_of.setdefault(key, []).append(row)
+        prompts = [
+            render_prompt(
+                self.tokenizer,
+                condition_messages(
+                    plan.tasks[t].messages, r, self.families, self.rc.family_tools_only
+                ),
+                self.max_prompt_length,
+                self.truncation,
+            )
+            for t, r in keys
+        ]
+        counts = [len(rows_of[k]) for k in keys]
+        comps = generate_counts(generator, prompts, counts, params)
+        uids = [uuid.uuid4().hex for _ in plan.tasks]
+        out: list[Any] = [None] * len(plan.routes)
+        for key, got in zip(keys, comps, strict=True):
+            for row, c in zip(rows_of[key], got, strict=True):
+                out[row] = (c, uids[key[0]], plan.tasks[key[0]])
+        return out
+
+    # ---- after generation -------------------------------------------------------------------
+    def observe(self, items: Sequence[Any], task_rewards: Sequence[float]) -> dict[str, float]:
+        """Costs and router rewards of the step's rollouts (episodes, or single-turn
+        ``(completion, uid, task)`` items, in plan order); advantages kept for ``update``."""
+        plans, self._plans = self._plans, []
+        rows = sum(len(p.routes) for p in plans)
+        if rows != len(items) or len(items) != len(task_rewards):
+            raise ValueError(f"{rows} planned routes, {len(items)} rollouts, {len(task_rewards)}")
+        usages = [self._usage(it) for it in items]
+        costs = [self.cost.cost(u) for u in usages]
+        uids = [it.uid if isinstance(it, Episode) else it[1] for it in items]
+        types = [it.task_type if isinstance(it, Episode) else it[2].task_type for it in items]
+        lam = self.budget.lam
+        task_B = torch.tensor(list(task_rewards), dtype=torch.float32)
+        cost_B = torch.tensor(costs, dtype=torch.float32)
+        reward_B = router_rewards(task_B, cost_B, lam)
+        tasks = [t for p in plans for t in p.tasks for _ in range(p.n)]
+        self._step = _Step(
+            features_BH=torch.cat([p.features_TH.repeat_interleave(p.n, 0) for p in plans]),
+            actions_B=torch.cat([p.actions_B for p in plans]),
+            advantages_B=router_advantages(reward_B, uids, self.rc.norm_adv_by_std),
+            labels_B=torch.tensor([self._label(t) for t in tasks], dtype=torch.long),
+        )
+        self.budget.observe(costs)
+        routes = [r for p in plans for r in p.routes]
+        return observe_metrics(
+            routes, types, usages, task_B, cost_B, reward_B, lam, self.budget.budget
+        )
+
+    def _usage(self, item: Any) -> ToolUsage:
+        if isinstance(item, Episode):
+            return usage_of_messages(item.messages, self.families)
+        comp = item[0]
+        text = self.tokenizer.decode(comp.token_ids, skip_special_tokens=False)
+        return usage_of_text(text, self.families)
+
+    def _label(self, task: Task) -> int:
+        label = self.labels.examples.get(task.task_id) if self.labels else None
+        return self.routes.index(label) if label in self.routes else -1
+
+    def update(self) -> dict[str, float]:
+        """One step of the head on this step's rollouts, then the dual step when it is due."""
+        if self._step is None:
+            return {}
+        s, self._step = self._step, None
+        rc = self.rc
+        metrics = self.policy.update(
+            s.features_BH, s.actions_B, s.advantages_B, rc.entropy_coeff, s.labels_B, rc.label_coeff
+        )
+        metrics["router/dual_step"] = float(self.budget.step())
+        metrics["router/lambda_next"] = self.budget.lam
+        metrics["router/labelled_frac"] = float((s.labels_B >= 0).float().mean())
+        return metrics
+
+    # ---- checkpoints ------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {**self.policy.state_dict(), "budget": self.budget.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.policy.load_state_dict(state)
+        self.budget.load_state_dict(state.get("budget", {}))
+
+
+def generate_counts(
+    generator: Any, prompts: list[list[int]], counts: list[int], params: SamplingParams
+) -> list[list[Completion]]:
+    """``counts[i]`` completions of ``prompts[i]``: one generate call per distinct count, so
+    prompts drawn several times still share their prefill."""
+    out: list[list[Completion]] = [[] for _ in prompts]
+    by_count: dict[int, list[int]] = {}
+    for i, k in enumerate(counts):
+        by_count.setdefault(k, []).append(i)
+    for k, idx in sorted(by_count.items()):
+        for c in generator.generate([prompts[i] for i in idx], replace(params, n=k)):
+            out[idx[c.prompt_index]].append(c)
+    return out

@@ -1,0 +1,202 @@
+"""The router inside the trainer on the tiny model: routed prompts, metrics, router-only training,
+the actor-optimizer option, checkpoints that restore λ, and a bad families sidecar."""
+
+from __future__ import annotations
+
+import json
+import zlib
+
+import pytest
+import torch
+
+from tests.conftest import read_metrics
+from toolgrpo.config.loader import ConfigError
+from toolgrpo.rewards.scoring import Score
+from toolgrpo.rollout.render import decode
+from toolgrpo.router.prompts import ANSWER_NOTE, ANSWER_NOTE_RLLA
+from toolgrpo.trainer import trainer as trainer_mod
+from toolgrpo.trainer.trainer import Trainer
+
+ROUTER = {
+    "router.enable": "true",
+    "router.budget": "0.5",
+    "router.dual_lr": "1.0",
+    "router.lambda_init": "0.2",
+}
+REQUIRED = [
+    "router/lambda",
+    "router/cost/mean",
+    "router/task_reward/mean",
+    "router/reward/mean",
+    "router/route_frac/ANSWER",
+    "router/route_frac/SEARCH",
+    "router/route_frac/CALCULATE",
+    "router/entropy",
+    "router/pg_loss",
+    "router/label_ce",
+]
+MT = "actor_rollout_ref.rollout.multi_turn."
+
+
+def _varied_score(task, text, step, flags):
+    v = float(zlib.crc32(text.encode()) % 7) - 3.0
+    return Score(v, 0.0, v, 0.0, False, False)
+
+
+def _capture_plans(trainer: Trainer) -> list:
+    plans, orig = [], trainer.router.plan
+
+    def plan(tasks, n):
+        p = orig(tasks, n)
+        plans.append(p)
+        return p
+
+    trainer.router.plan = plan
+    return plans
+
+
+def test_router_only_single_turn_run(make_train_config, tmp_path, monkeypatch):
+    monkeypatch.setattr(trainer_mod, "score", _varied_score)
+    out = tmp_path / "run"
+    cfg = make_train_config(steps=2, out=out, **ROUTER, **{"router.freeze_lm": "true"})
+    trainer = Trainer(cfg)
+    plans = _capture_plans(trainer)
+    comps = []
+    orig_rollout = trainer.router.rollout
+    trainer.router.rollout = lambda *a: comps.append(orig_rollout(*a)) or comps[-1]
+    lm_before = {k: v.clone() for k, v in trainer.policy.model.state_dict().items()}
+    head_before = [p.detach().clone() for p in trainer.router.policy.head.parameters()]
+    trainer.fit()
+
+    records = read_metrics(out)
+    for rec in records:
+        for key in REQUIRED:
+            assert key in rec, key
+        fracs = sum(rec[f"router/route_frac/{r}"] for r in ("ANSWER", "SEARCH", "CALCULATE"))
+        assert fracs == pytest.approx(1.0)
+    assert records[0]["router/lambda"] == pytest.approx(0.2)  # lambda_init
+    assert "actor/pg_loss" not in records[0]  # router-only: the LM is not updated
+    for k, v in trainer.policy.model.state_dict().items():
+        assert torch.equal(v, lm_before[k]), k
+    head = list(trainer.router.policy.head.parameters())
+    assert any(not torch.equal(a, b) for a, b in zip(head_before, head, strict=True))
+
+    # Each completion was sampled from its own route's prompt.
+    tok = trainer.tokenizer
+    for plan, got in zip(plans, comps, strict=True):
+        for route, (comp, _, task) in zip(plan.routes, got, strict=True):
+            prompt = decode(tok, comp.prompt_ids)
+            assert (ANSWER_NOTE in prompt) == (route == "ANSWER"), (route, prompt)
+            assert task.messages[1]["content"] in prompt
+    # uids group the n rollouts of one task whatever their routes
+    assert len({uid for _, uid, _ in comps[0]}) == cfg.data.train_batch_size
+
+    state = torch.load(out / "checkpoints/global_step_2/router.pt", weights_only=False)
+    assert state["budget"]["lam"] == pytest.approx(trainer.router.budget.lam)
+    assert state["meta"]["routes"] == ["ANSWER", "SEARCH", "CALCULATE"]
+
+
+def test_resume_restores_lambda_and_head(make_train_config, tmp_path, monkeypatch):
+    monkeypatch.setattr(trainer_mod, "score", _varied_score)
+    out = tmp_path / "run"
+    extra = {**ROUTER, "router.freeze_lm": "true", "trainer.save_freq": "1"}
+    first = Trainer(make_train_config(steps=2, out=out, **extra))
+    first.fit()
+    lam, head = first.router.budget.lam, first.router.policy.head.state_dict()
+    assert lam != pytest.approx(0.2)  # the dual steps moved it
+    again = Trainer(make_train_config(steps=3, out=out, **extra))
+    assert again.step == 2 and again.router.budget.lam == pytest.approx(lam)
+    for k, v in again.router.policy.head.state_dict().items():
+        assert torch.equal(v, head[k])
+    again.fit()
+    assert [r["step"] for r in read_metrics(out)] == [1, 2, 3]
+
+
+def test_router_on_the_actor_optimizer_with_lm_training(make_train_config, tmp_path, monkeypatch):
+    monkeypatch.setattr(trainer_mod, "score", _varied_score)
+    out = tmp_path / "run"
+    extra = {**ROUTER, "router.lr": "null", "trainer.save_freq": "1"}
+    trainer = Trainer(make_train_config(steps=1, out=out, **extra))
+    assert len(trainer.actor.optimizer.param_groups) == 2
+    trainer.fit()
+    rec = read_metrics(out)[0]
+    assert "actor/pg_loss" in rec and "router/pg_loss" in rec
+    again = Trainer(make_train_config(steps=2, out=out, **extra))  # optimizer state reloads
+    assert again.step == 1
+    again.fit()
+
+
+def test_multi_turn_episodes_open_with_their_route(make_train_config, tmp_path):
+    extra = {
+        **ROUTER,
+        "router.freeze_lm": "true",
+        "data.train_files": "[calculator:train,rlla:train]",
+        "data.max_samples": "-1",
+        "data.max_response_length": "24",
+        f"{MT}enable": "true",
+        f"{MT}max_tokens_per_turn": "8",
+    }
+    trainer = Trainer(make_train_config(steps=1, out=tmp_path / "run", **extra))
+    plans = _capture_plans(trainer)
+    played = []
+    orig_play = trainer.episodes.play
+    trainer.episodes.play = lambda *a, **k: played.append(orig_play(*a, **k)) or played[-1]
+    trainer.fit()
+    rec = read_metrics(tmp_path / "run")[0]
+    for key in REQUIRED:
+        assert key in rec
+    assert trainer.router.families.family("calculate") == "CALCULATE"  # env tools known
+    for plan, episodes in zip(plans, played, strict=True):
+        for route, ep in zip(plan.routes, episodes, strict=True):
+            system = ep.messages[0]["content"]
+            answer = ANSWER_NOTE_RLLA if ep.task_type == "rlla" else ANSWER_NOTE
+            assert (answer in system) == (route == "ANSWER")
+            if ep.task_type == "calculator":
+                assert ('"name": "calculate"' in decode(trainer.tokenizer, ep.prompt_ids)) == (
+                    route != "ANSWER"
+                )
+
+
+def test_a_sidecar_naming_unknown_tools_is_refused(make_train_config, tmp_path):
+    sidecar = tmp_path / "families.json"
+    sidecar.write_text(json.dumps({"f": "SEARCH", "Serch_Web": "SEARCH"}))
+    cfg = make_train_config(**ROUTER, **{"router.families_file": str(sidecar)})
+    with pytest.raises(ConfigError, match=r"router.families_file=.*'Serch_Web'"):
+        Trainer(cfg)
+
+
+def test_weak_labels_add_a_cross_entropy_term(make_train_config, tmp_path, tiny_data, monkeypatch):
+    monkeypatch.setattr(trainer_mod, "score", _varied_score)
+    labels = tmp_path / "labels.json"
+    examples = {f"{tiny_data}#{i}": ("SEARCH" if i % 2 else "ANSWER") for i in range(8)}
+    examples[f"{tiny_data}#0"] = "MIXED"  # no usable label
+    labels.write_text(json.dumps({"tools": {"f": "SEARCH"}, "examples": examples}))
+    extra = {**ROUTER, "router.label_file": str(labels), "router.label_coeff": "0.5"}
+    out = tmp_path / "run"
+    trainer = Trainer(make_train_config(steps=2, out=out, **extra))
+    trainer.fit()
+    recs = read_metrics(out)
+    assert all((r["router/label_ce"] > 0) == (r["router/labelled_frac"] > 0) for r in recs)
+    assert any(r["router/labelled_frac"] > 0 for r in recs)
+    # MIXED carries no usable label; the others index router.routes
+    assert [trainer.router._label(t) for t in trainer.tasks[:3]] == [-1, 1, 0]
+
+
+def test_a_labeler_that_is_down_leaves_training_without_labels(make_train_config, tmp_path):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    extra = {
+        **ROUTER,
+        "router.labeler.base_url": f"http://127.0.0.1:{port}/v1",
+        "router.labeler.model": "m",
+        "router.labeler.timeout_s": "2",
+        "router.label_coeff": "0.5",
+    }
+    cfg = make_train_config(steps=1, out=tmp_path / "run", data="rlla:train", **extra)
+    trainer = Trainer(cfg)  # RLLA tools to ask about: the first request finds nobody listening
+    assert trainer.router.labels is None
+    trainer.fit()
+    assert read_metrics(tmp_path / "run")[0]["router/label_ce"] == 0.0
