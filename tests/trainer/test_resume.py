@@ -16,7 +16,7 @@ import pytest
 
 from tests.conftest import read_metrics, train_overrides
 from toolgrpo.rewards.scoring import Score
-from toolgrpo.trainer import trainer as trainer_mod
+from toolgrpo.trainer import rollout_stage as trainer_mod
 from toolgrpo.trainer.checkpoint import list_checkpoints
 from toolgrpo.trainer.trainer import Trainer
 

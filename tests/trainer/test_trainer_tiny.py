@@ -15,8 +15,9 @@ from toolgrpo.config.schema import ModelConfig
 from toolgrpo.models.loading import load_policy
 from toolgrpo.models.logprobs import response_logprobs
 from toolgrpo.rewards.scoring import Score
-from toolgrpo.trainer import trainer as trainer_mod
-from toolgrpo.trainer.trainer import NonFiniteReward, Trainer
+from toolgrpo.trainer import rollout_stage as trainer_mod
+from toolgrpo.trainer.episodes import NonFiniteReward
+from toolgrpo.trainer.trainer import Trainer
 
 REQUIRED = (
     "step",

@@ -8,9 +8,7 @@ from __future__ import annotations
 import copy
 import logging
 import time
-import uuid
-from contextlib import AbstractContextManager, nullcontext
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -30,39 +28,29 @@ from toolgrpo.config.validate import validate_train_config
 from toolgrpo.data.loader import load_tasks
 from toolgrpo.data.task import Task
 from toolgrpo.eval.evaluate import evaluate, val_sampling_params
-from toolgrpo.mixture import ACTOR, Mixture, RolloutPart
+from toolgrpo.mixture import Mixture
 from toolgrpo.models.loading import load_policy
-from toolgrpo.rewards.scoring import Score, check_task, is_finite, score
+from toolgrpo.rewards.scoring import check_task
 from toolgrpo.rewards.types import RllaFlags
-from toolgrpo.rollout.generator import Completion, SamplingParams
+from toolgrpo.rollout.generator import SamplingParams
 from toolgrpo.rollout.hf import HFGenerator
 from toolgrpo.rollout.prompts import filter_overlong
-from toolgrpo.rollout.single_turn import rollout_tasks, solution_text
 from toolgrpo.router.runtime import RouterRuntime
 from toolgrpo.trainer import state as ckpt_state
 from toolgrpo.trainer.actor import Actor
-from toolgrpo.trainer.batch import Batch, collate, negative_parents
+from toolgrpo.trainer.batch import Batch
 from toolgrpo.trainer.episode_metrics import episode_metrics
-from toolgrpo.trainer.episodes import EpisodeRunner, NonFiniteReward, make_router
-from toolgrpo.trainer.metrics import batch_metrics, completion_metrics
+from toolgrpo.trainer.episodes import EpisodeRunner, make_router
+from toolgrpo.trainer.metrics import batch_metrics
 from toolgrpo.trainer.replay import AsyncRollout
+from toolgrpo.trainer.rollout_stage import Rolled, RolloutStage
 from toolgrpo.trainer.sampler import TaskSampler
 from toolgrpo.trainer.tracking import Tracker
 
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class Rolled:
-    """One step's rollout, rewarded and collated, ready for the update."""
-
-    batch: Batch
-    metrics: dict[str, float]
-    timing: dict[str, float]
-    nonfinite: float
-
-
-class Trainer:
+class Trainer(RolloutStage):
     def __init__(self, cfg: TrainConfig) -> None:
         validate_train_config(cfg)
         self.cfg = cfg
@@ -188,71 +176,6 @@ class Trainer:
             **rolled.metrics,
         }
 
-    def produce(self, step: int, indices: list[int], generator: Any) -> Rolled:
-        """Rollout and reward for one step's tasks: the batch, its rollout metrics and timings."""
-        torch.manual_seed(self.cfg.trainer.seed * 1_000_003 + step)  # resumable sampling
-        tasks = [self.tasks[i] for i in indices]
-        timing: dict[str, float] = {}
-        t0 = time.time()
-        items, policies = self._generate(step, tasks, generator)
-        timing["timing/gen_s"] = time.time() - t0
-        if self.episodes is not None:
-            batch, nonfinite = self.episodes.to_batch(items)
-            batch.policies = policies + [policies[i] for i in negative_parents(items)]
-            metrics = {**episode_metrics(items), **self._mixture_metrics(step, batch)}
-            if self.router is not None:
-                metrics.update(self.router.observe(items, [e.reward for e in items]))
-            return Rolled(batch, metrics, timing, float(nonfinite))
-        completions, uids, owners = (list(x) for x in zip(*items, strict=True))
-        t0 = time.time()
-        scores, nonfinite = self.reward(owners, completions, step)
-        timing["timing/reward_s"] = time.time() - t0
-        batch = collate(completions, uids, self.tokenizer.pad_token_id)
-        batch.task_types = [t.task_type for t in owners]
-        batch.scores_B = torch.tensor([s.total for s in scores], dtype=torch.float32)
-        batch.policies = policies
-        metrics = {**completion_metrics(completions, scores), **self._mixture_metrics(step, batch)}
-        if self.router is not None:
-            metrics.update(self.router.observe(items, [s.total for s in scores]))
-        return Rolled(batch, metrics, timing, float(nonfinite))
-
-    def _generate(self, step: int, tasks: list[Task], generator: Any) -> tuple[list, list[str]]:
-        """Episodes, or (completion, uid, task) triples, of the step's tasks, each with the policy
-        that sampled it (the actor, or a fixed policy of the mixture)."""
-        items: list = []
-        policies: list[str] = []
-        with self._rollout_parts(step, tasks, generator) as parts:
-            for p in parts:
-                # With the router, each rollout's route is sampled first and rewrites its prompt.
-                plan = self.router.plan(p.tasks, p.params.n) if self.router is not None else None
-                if self.episodes is not None:
-                    conds = plan.conditions if plan is not None else None
-                    got = self.episodes.play(
-                        p.tasks, p.params, step, self.step, p.generator, conditions=conds
-                    )
-                elif plan is not None:
-                    got = self.router.rollout(plan, p.generator, p.params)
-                else:
-                    got = list(zip(*self.rollout(p.tasks, p.generator, p.params), strict=True))
-                items += got
-                policies += [p.policy] * len(got)
-        return items, policies
-
-    def _rollout_parts(
-        self, step: int, tasks: list[Task], generator: Any
-    ) -> AbstractContextManager[list[RolloutPart]]:
-        """The tasks by the policy that samples them: all the actor's unless a mixture is on."""
-        gen = generator or self.generator
-        if self.mixture is None:
-            return nullcontext([RolloutPart(ACTOR, tasks, gen, self.sampling)])
-        return self.mixture.rollout_parts(step, tasks, gen, self.sampling)
-
-    def _mixture_metrics(self, step: int, batch: Batch) -> dict[str, float]:
-        """rollout/policy_choice, using_actor/using_fixed and rewards by policy (mixture only)."""
-        if self.mixture is None:
-            return {}
-        return self.mixture.rollout_metrics(step, batch.policies, batch.scores_B.tolist())
-
     def _start_async(self) -> AsyncRollout:
         sampler = copy.deepcopy(self.sampler)
         bs = self.cfg.actor_rollout_ref.rollout.generation_batch_size
@@ -272,36 +195,6 @@ class Trainer:
         return producer
 
     # ---- stages --------------------------------------------------------------------------------
-    def rollout(
-        self, tasks: list[Task], generator: Any = None, params: SamplingParams | None = None
-    ) -> tuple[list[Completion], list[str], list[Task]]:
-        """n completions per task; every completion of a task shares one fresh group uid."""
-        d = self.cfg.data
-        comps = rollout_tasks(
-            generator or self.generator,
-            self.tokenizer,
-            tasks,
-            params or self.sampling,
-            d.max_prompt_length,
-            d.truncation,
-        )
-        group = [uuid.uuid4().hex for _ in tasks]
-        return comps, [group[c.prompt_index] for c in comps], [tasks[c.prompt_index] for c in comps]
-
-    def reward(
-        self, owners: list[Task], completions: list[Completion], step: int
-    ) -> tuple[list[Score], int]:
-        scores, bad = [], 0
-        for task, comp in zip(owners, completions, strict=True):
-            s = score(task, solution_text(self.tokenizer, comp), step, self.flags)
-            if not is_finite(s):
-                if self.cfg.reward.nan_policy == "error":
-                    raise NonFiniteReward(f"non-finite reward {s} for task {task.task_id}")
-                bad += 1
-                s = Score(0.0, 0.0, 0.0, 0.0, s.format_ok, s.exact_call)
-            scores.append(s)
-        return scores, bad
-
     def prepare_old_and_ref(self, batch: Batch, behaviour: bool = False) -> dict[str, float]:
         """Old log-probs (reused from generation when the update is exactly on-policy, or always
         with ``behaviour``: asynchronous batches are weighted against the policy that sampled

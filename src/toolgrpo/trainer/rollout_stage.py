@@ -1,0 +1,151 @@
+"""The rollout stage of a step: tasks → rollouts (actor or mixture policies, routed or not,
+single- or multi-turn) → rewards → one collated batch with its rollout metrics.
+
+A mixin of ``Trainer``: it reads the trainer's generator, sampling params, mixture, environments
+and router, and owns nothing else.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from toolgrpo.data.task import Task
+from toolgrpo.mixture import ACTOR, RolloutPart
+from toolgrpo.rewards.scoring import Score, is_finite, score
+from toolgrpo.rollout.generator import Completion, SamplingParams
+from toolgrpo.rollout.single_turn import rollout_tasks, solution_text
+from toolgrpo.trainer.batch import Batch, collate, negative_parents
+from toolgrpo.trainer.episode_metrics import episode_metrics
+from toolgrpo.trainer.episodes import NonFiniteReward
+from toolgrpo.trainer.metrics import completion_metrics
+
+if TYPE_CHECKING:
+    from toolgrpo.config.schema import TrainConfig
+    from toolgrpo.mixture import Mixture
+    from toolgrpo.rewards.types import RllaFlags
+    from toolgrpo.router.runtime import RouterRuntime
+    from toolgrpo.trainer.episodes import EpisodeRunner
+
+
+@dataclass
+class Rolled:
+    """One step's rollout, rewarded and collated, ready for the update."""
+
+    batch: Batch
+    metrics: dict[str, float]
+    timing: dict[str, float]
+    nonfinite: float
+
+
+class RolloutStage:
+    cfg: TrainConfig
+    tasks: list[Task]
+    tokenizer: Any
+    generator: Any
+    sampling: SamplingParams
+    flags: RllaFlags
+    mixture: Mixture | None
+    episodes: EpisodeRunner | None
+    router: RouterRuntime | None
+    step: int
+
+    def produce(self, step: int, indices: list[int], generator: Any) -> Rolled:
+        """Rollout and reward for one step's tasks: the batch, its rollout metrics and timings."""
+        torch.manual_seed(self.cfg.trainer.seed * 1_000_003 + step)  # resumable sampling
+        tasks = [self.tasks[i] for i in indices]
+        timing: dict[str, float] = {}
+        t0 = time.perf_counter()
+        items, policies = self._generate(step, tasks, generator)
+        timing["timing/gen_s"] = time.perf_counter() - t0
+        if self.episodes is not None:
+            batch, nonfinite = self.episodes.to_batch(items)
+            batch.policies = policies + [policies[i] for i in negative_parents(items)]
+            metrics = {**episode_metrics(items), **self._mixture_metrics(step, batch)}
+            if self.router is not None:
+                metrics.update(self.router.observe(items, [e.reward for e in items]))
+            return Rolled(batch, metrics, timing, float(nonfinite))
+        completions, uids, owners = (list(x) for x in zip(*items, strict=True))
+        t0 = time.perf_counter()
+        scores, nonfinite = self.reward(owners, completions, step)
+        timing["timing/reward_s"] = time.perf_counter() - t0
+        batch = collate(completions, uids, self.tokenizer.pad_token_id)
+        batch.task_types = [t.task_type for t in owners]
+        batch.scores_B = torch.tensor([s.total for s in scores], dtype=torch.float32)
+        batch.policies = policies
+        metrics = {**completion_metrics(completions, scores), **self._mixture_metrics(step, batch)}
+        if self.router is not None:
+            metrics.update(self.router.observe(items, [s.total for s in scores]))
+        return Rolled(batch, metrics, timing, float(nonfinite))
+
+    def _generate(self, step: int, tasks: list[Task], generator: Any) -> tuple[list, list[str]]:
+        """Episodes, or (completion, uid, task) triples, of the step's tasks, each with the policy
+        that sampled it (the actor, or a fixed policy of the mixture)."""
+        items: list = []
+        policies: list[str] = []
+        with self._rollout_parts(step, tasks, generator) as parts:
+            for p in parts:
+                # With the router, each rollout's route is sampled first and rewrites its prompt.
+                plan = self.router.plan(p.tasks, p.params.n) if self.router is not None else None
+                if self.episodes is not None:
+                    conds = plan.conditions if plan is not None else None
+                    got = self.episodes.play(
+                        p.tasks, p.params, step, self.step, p.generator, conditions=conds
+                    )
+                elif plan is not None:
+                    got = self.router.rollout(plan, p.generator, p.params)
+                else:
+                    got = list(zip(*self.rollout(p.tasks, p.generator, p.params), strict=True))
+                items += got
+                policies += [p.policy] * len(got)
+        return items, policies
+
+    def _rollout_parts(
+        self, step: int, tasks: list[Task], generator: Any
+    ) -> AbstractContextManager[list[RolloutPart]]:
+        """The tasks by the policy that samples them: all the actor's unless a mixture is on."""
+        gen = generator or self.generator
+        if self.mixture is None:
+            return nullcontext([RolloutPart(ACTOR, tasks, gen, self.sampling)])
+        return self.mixture.rollout_parts(step, tasks, gen, self.sampling)
+
+    def _mixture_metrics(self, step: int, batch: Batch) -> dict[str, float]:
+        """rollout/policy_choice, using_actor/using_fixed and rewards by policy (mixture only)."""
+        if self.mixture is None:
+            return {}
+        return self.mixture.rollout_metrics(step, batch.policies, batch.scores_B.tolist())
+
+    def rollout(
+        self, tasks: list[Task], generator: Any = None, params: SamplingParams | None = None
+    ) -> tuple[list[Completion], list[str], list[Task]]:
+        """n completions per task; every completion of a task shares one fresh group uid."""
+        d = self.cfg.data
+        comps = rollout_tasks(
+            generator or self.generator,
+            self.tokenizer,
+            tasks,
+            params or self.sampling,
+            d.max_prompt_length,
+            d.truncation,
+        )
+        group = [uuid.uuid4().hex for _ in tasks]
+        return comps, [group[c.prompt_index] for c in comps], [tasks[c.prompt_index] for c in comps]
+
+    def reward(
+        self, owners: list[Task], completions: list[Completion], step: int
+    ) -> tuple[list[Score], int]:
+        scores, bad = [], 0
+        for task, comp in zip(owners, completions, strict=True):
+            s = score(task, solution_text(self.tokenizer, comp), step, self.flags)
+            if not is_finite(s):
+                if self.cfg.reward.nan_policy == "error":
+                    raise NonFiniteReward(f"non-finite reward {s} for task {task.task_id}")
+                bad += 1
+                s = Score(0.0, 0.0, 0.0, 0.0, s.format_ok, s.exact_call)
+            scores.append(s)
+        return scores, bad
