@@ -13,7 +13,7 @@ import torch
 from tests.conftest import read_metrics
 from toolgrpo.config.loader import ConfigError
 from toolgrpo.rewards.scoring import Score
-from toolgrpo.trainer import trainer as trainer_mod
+from toolgrpo.trainer import rollout_stage as trainer_mod
 from toolgrpo.trainer.trainer import Trainer
 
 IS_KEYS = ["actor/importance_sampling"] + [

@@ -14,7 +14,7 @@ from toolgrpo.config.loader import ConfigError
 from toolgrpo.rewards.scoring import Score
 from toolgrpo.rollout.render import decode
 from toolgrpo.router.prompts import ANSWER_NOTE, ANSWER_NOTE_RLLA
-from toolgrpo.trainer import trainer as trainer_mod
+from toolgrpo.trainer import rollout_stage as trainer_mod
 from toolgrpo.trainer.trainer import Trainer
 
 ROUTER = {
