@@ -35,7 +35,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     path, overrides = _split(args.rest)
     cfg = load_config(TrainConfig, path, overrides)
     trainer = Trainer(cfg)
-    history = trainer.fit()
+    try:
+        history = trainer.fit()
+    finally:
+        trainer.close()
     if history:
         last = history[-1]
         print(json.dumps({k: last[k] for k in sorted(last) if k.startswith(("reward/", "step"))}))

@@ -129,7 +129,7 @@ class MultiTurnConfig:
 
 @dataclass
 class RolloutConfig:
-    name: str = "hf"
+    name: str = "hf"  # hf | vllm | auto (vllm when it imports, else hf)
     n: int = 4
     temperature: float = 1.0
     top_p: float = 1.0
@@ -138,6 +138,17 @@ class RolloutConfig:
     generation_batch_size: int = 16  # sequences per generate() call
     val_kwargs: ValKwargs = field(default_factory=ValKwargs)
     multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
+    # vLLM engine (rollout.name=vllm; toolgrpo.rollout.vllm_backend), verl's key names.
+    dtype: str = (
+        "auto"  # auto: bf16 on GPU or AVX512-BF16 CPUs, fp32 otherwise | bfloat16 | float32
+    )
+    enforce_eager: bool = True  # no CUDA graphs / torch.compile: fast start, small models
+    gpu_memory_utilization: float = 0.5  # GPU only; on CPU the KV cache is cpu_kvcache_space_gb
+    cpu_kvcache_space_gb: float = 1.0  # VLLM_CPU_KVCACHE_SPACE unless already set
+    max_num_seqs: int = 64
+    max_model_len: int = 0  # 0 = data.max_prompt_length + data.max_response_length
+    tensor_model_parallel_size: int = 1
+    enable_prefix_caching: bool = True
 
 
 @dataclass
@@ -203,6 +214,20 @@ class RewardConfig:
 
 
 @dataclass
+class DistributedConfig:
+    """Where rollouts run (``toolgrpo.distributed``): in the trainer's process, or on Ray actors
+    that each hold a generator and the environments and receive versioned weights."""
+
+    backend: str = "local"  # local | ray
+    num_rollout_workers: int = 2
+    address: str = ""  # ray.init(address=...): "" starts a local cluster, "auto" joins one
+    num_cpus_per_worker: float = 1.0
+    call_timeout_s: float = 900.0  # every remote call; a worker over it is restarted
+    max_worker_restarts: int = 3  # per run; then the run stops with the worker's error
+    ray_init_kwargs: dict[str, Any] = field(default_factory=dict)  # e.g. {num_cpus: 2}
+
+
+@dataclass
 class TrainerConfig:
     project_name: str = "toolgrpo"
     experiment_name: str = "grpo"
@@ -218,6 +243,7 @@ class TrainerConfig:
     logger: list[str] = field(default_factory=lambda: ["console", "jsonl", "tensorboard"])
     num_threads: int = 0  # 0 = torch default
     save_hf_model: bool = True  # write a from_pretrained-loadable model into each checkpoint
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
 
 
 @dataclass

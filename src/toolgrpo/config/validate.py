@@ -40,7 +40,25 @@ def validate_train_config(cfg: TrainConfig) -> None:
     _one_of(a.kl_loss_type, KL_KINDS, "actor_rollout_ref.actor.kl_loss_type")
     _one_of(alg.kl_penalty, KL_KINDS, "algorithm.kl_penalty")
     _one_of(alg.kl_ctrl.type, ("fixed", "adaptive"), "algorithm.kl_ctrl.type")
-    _one_of(r.name, ("hf",), "actor_rollout_ref.rollout.name")
+    _one_of(r.name, ("hf", "vllm", "auto"), "actor_rollout_ref.rollout.name")
+    _one_of(r.dtype, ("auto", "bfloat16", "float32"), "actor_rollout_ref.rollout.dtype")
+    dist = cfg.trainer.distributed
+    _one_of(dist.backend, ("local", "ray"), "trainer.distributed.backend")
+    if dist.backend == "ray":
+        _positive(dist.num_rollout_workers, "trainer.distributed.num_rollout_workers")
+        _positive(dist.call_timeout_s, "trainer.distributed.call_timeout_s")
+        if dist.max_worker_restarts < 0:
+            raise ConfigError("trainer.distributed.max_worker_restarts must be >= 0")
+        if cfg.async_training.enable or cfg.rollout_only.model_path:
+            raise ConfigError(
+                "trainer.distributed.backend=ray does not combine with async_training.enable or "
+                "rollout_only.model_path yet: use the local backend for those"
+            )
+    if r.name == "vllm" and cfg.async_training.enable:
+        raise ConfigError(
+            "async_training.enable samples from a copy of the HF module on a thread: use "
+            "actor_rollout_ref.rollout.name=hf with it"
+        )
     _one_of(d.truncation, ("left", "error"), "data.truncation")
     _one_of(d.bad_rows, ("skip", "error"), "data.bad_rows")
     _one_of(cfg.reward.nan_policy, ("error", "zero"), "reward.nan_policy")

@@ -32,6 +32,7 @@ from toolgrpo.mixture import Mixture
 from toolgrpo.models.loading import load_policy
 from toolgrpo.rewards.scoring import check_task
 from toolgrpo.rewards.types import RllaFlags
+from toolgrpo.rollout.backends import make_generator, sync_weights
 from toolgrpo.rollout.generator import SamplingParams
 from toolgrpo.rollout.hf import HFGenerator
 from toolgrpo.rollout.prompts import filter_overlong
@@ -66,9 +67,13 @@ class Trainer(RolloutStage):
             len(self.tasks), cfg.data.train_batch_size, cfg.data.seed, cfg.data.shuffle
         )
         r = cfg.actor_rollout_ref.rollout
-        self.generator = HFGenerator(
-            self.policy.model, self.tokenizer, self.policy.dtype, r.generation_batch_size
-        )
+        # Rollouts run here (HF or vLLM), or on Ray workers that hold their own generators.
+        self.pool: Any = None
+        if cfg.trainer.distributed.backend == "ray":
+            from toolgrpo.distributed.pool import RolloutPool
+
+            self.pool = RolloutPool(cfg)
+        self.generator = self.pool.generator if self.pool else make_generator(cfg, self.policy)
         self.sampling = SamplingParams(
             n=r.n,
             temperature=r.temperature,
@@ -92,7 +97,10 @@ class Trainer(RolloutStage):
             )
         if r.multi_turn.enable:
             router = make_router(cfg, self.flags)
-            self.episodes = EpisodeRunner(cfg, self.generator, self.tokenizer, router)
+            if self.pool is not None:
+                self.episodes = self.pool.episode_runner(self.tokenizer, router)
+            else:
+                self.episodes = EpisodeRunner(cfg, self.generator, self.tokenizer, router)
             self.episodes.check(self.tasks)  # environments (and their snapshots, for rollback)
         # The budgeted tool router (issue #4), off unless router.enable is set.
         self.router: RouterRuntime | None = None
@@ -102,6 +110,7 @@ class Trainer(RolloutStage):
         self._val_tasks: list[Task] | None = None
         self.step = 0
         self._resume()
+        sync_weights(self.pool or self.generator, self.policy.model, self.step)
 
     def _load(self, files: list[str], max_samples: int = -1) -> list[Task]:
         d = self.cfg.data
@@ -163,6 +172,9 @@ class Trainer(RolloutStage):
             actor_metrics = {}
         elif producer is None:
             actor_metrics = self.actor.update(batch)
+            t1 = time.time()  # backends with their own copy of the weights get the new ones
+            sync_weights(self.pool or self.generator, self.policy.model, step)
+            timing["timing/weight_sync_s"] = time.time() - t1
         else:
             with producer.lock:  # the rollout thread copies weights only between updates
                 actor_metrics = self.actor.update(batch)
@@ -170,6 +182,8 @@ class Trainer(RolloutStage):
         timing["timing/train_s"] = time.time() - t0
         timing["timing/step_s"] = time.time() - t_step
         extra = {**extra, **kl_metrics, **actor_metrics, **router_metrics}
+        if self.pool is not None:
+            extra.update(self.pool.metrics())
         extra["reward/nonfinite"] = rolled.nonfinite
         return {
             **batch_metrics(batch, timing, extra, self.sampler.state.epoch),
@@ -279,6 +293,13 @@ class Trainer(RolloutStage):
             batch_size=d.val_batch_size,
         )
         return res.metrics("val")
+
+    def close(self) -> None:
+        """Stop what runs beside the trainer: Ray rollout workers, a vLLM engine."""
+        for part in (self.pool, self.generator):
+            stop = getattr(part, "close", None)
+            if stop is not None:
+                stop()
 
     # ---- checkpoints ---------------------------------------------------------------------------
     def save_checkpoint(self) -> Path:

@@ -1,0 +1,90 @@
+"""Rollout backend and distributed settings: names resolve, and combinations the trainer cannot
+honour are refused at startup with the key named."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from toolgrpo.config.loader import ConfigError, load_config
+from toolgrpo.config.schema import TrainConfig
+from toolgrpo.config.validate import validate_train_config
+from toolgrpo.rollout import backends
+
+
+def cfg(*overrides: str) -> TrainConfig:
+    return load_config(TrainConfig, None, list(overrides))
+
+
+def test_defaults_are_local_hf():
+    c = TrainConfig()
+    assert c.actor_rollout_ref.rollout.name == "hf"
+    assert c.trainer.distributed.backend == "local"
+    assert backends.backend_name(c) == "hf"
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("actor_rollout_ref.rollout.name=sglang", "actor_rollout_ref.rollout.name"),
+        ("actor_rollout_ref.rollout.dtype=float16", "actor_rollout_ref.rollout.dtype"),
+        ("trainer.distributed.backend=mpi", "trainer.distributed.backend"),
+    ],
+)
+def test_unknown_names_are_refused(override, key):
+    with pytest.raises(ConfigError, match=key):
+        validate_train_config(cfg(override))
+
+
+def test_ray_settings_are_checked():
+    ray = "trainer.distributed.backend=ray"
+    with pytest.raises(ConfigError, match="num_rollout_workers"):
+        validate_train_config(cfg(ray, "trainer.distributed.num_rollout_workers=0"))
+    with pytest.raises(ConfigError, match="call_timeout_s"):
+        validate_train_config(cfg(ray, "trainer.distributed.call_timeout_s=0"))
+    with pytest.raises(ConfigError, match="max_worker_restarts"):
+        validate_train_config(cfg(ray, "trainer.distributed.max_worker_restarts=-1"))
+    with pytest.raises(ConfigError, match="async_training"):
+        validate_train_config(cfg(ray, "async_training.enable=true"))
+    c = cfg(ray, "trainer.distributed.ray_init_kwargs={num_cpus: 2}")
+    validate_train_config(c)
+    assert c.trainer.distributed.ray_init_kwargs == {"num_cpus": 2}
+
+
+def test_vllm_with_async_training_is_refused():
+    with pytest.raises(ConfigError, match="async_training"):
+        validate_train_config(
+            cfg("actor_rollout_ref.rollout.name=vllm", "async_training.enable=true")
+        )
+
+
+def test_auto_and_vllm_follow_what_imports(monkeypatch):
+    real = importlib.util.find_spec
+
+    def no_vllm(name, *a, **k):
+        return None if name == "vllm" else real(name, *a, **k)
+
+    monkeypatch.setattr(importlib.util, "find_spec", no_vllm)
+    assert backends.backend_name(cfg("actor_rollout_ref.rollout.name=auto")) == "hf"
+    with pytest.raises(ConfigError, match="vllm is not installed"):
+        backends.backend_name(cfg("actor_rollout_ref.rollout.name=vllm"))
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a, **k: object())
+    assert backends.backend_name(cfg("actor_rollout_ref.rollout.name=auto")) == "vllm"
+
+
+def test_sync_weights_is_a_no_op_for_shared_weight_backends():
+    class Shared:  # HF: generates with the trainer's module
+        pass
+
+    class Own:
+        def __init__(self):
+            self.pushed = []
+
+        def sync_weights(self, model, version):
+            self.pushed.append((model, version))
+
+    backends.sync_weights(Shared(), "m", 3)  # nothing to call, nothing raised
+    own = Own()
+    backends.sync_weights(own, "m", 3)
+    assert own.pushed == [("m", 3)]
