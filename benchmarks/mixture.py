@@ -106,19 +106,34 @@ def summary(rows: list[dict], wall: float) -> dict:
 
 
 def plot(results: dict, path: Path) -> None:
+    """Training reward per run; beside it the held-out reward when the runs validated, else the
+    reward of each sampling policy's rows (actor solid, fixed dashed)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
+    has_val = any(r["val_reward"] is not None for res in results.values() for r in res["steps"])
     for name, res in results.items():
         train = [r for r in res["steps"] if r["step"] > 0]
-        ax1.plot([r["step"] for r in train], [r["reward"] for r in train], marker="o", label=name)
-        val = [r for r in res["steps"] if r["val_reward"] is not None]
-        ax2.plot([r["step"] for r in val], [r["val_reward"] for r in val], marker="o", label=name)
+        line = ax1.plot([r["step"] for r in train], [r["reward"] for r in train], marker="o")
+        line[0].set_label(name)
+        color = line[0].get_color()
+        if has_val:
+            val = [r for r in res["steps"] if r["val_reward"] is not None]
+            ax2.plot([r["step"] for r in val], [r["val_reward"] for r in val], "o-", color=color)
+            continue
+        for key, style in (("reward_actor", "o-"), ("reward_fixed", "s--")):
+            pts = [(r["step"], r[key]) for r in train if r[key] is not None]
+            if pts:
+                ax2.plot(*zip(*pts, strict=True), style, color=color, label=f"{name} {key[7:]}")
     ax1.set(title="training reward (all samples)", xlabel="step", ylabel="reward")
-    ax2.set(title="held-out reward (actor, greedy)", xlabel="step")
+    if has_val:
+        ax2.set(title="held-out reward (actor, greedy)", xlabel="step")
+    else:
+        ax2.set(title="training reward by sampling policy", xlabel="step")
+        ax2.legend(fontsize=7)
     for ax in (ax1, ax2):
         ax.grid(alpha=0.3)
     ax1.legend()
@@ -130,7 +145,12 @@ def main(argv: list[str]) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default=str(DEFAULT_CONFIG), help="base YAML ('' for none)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    ap.add_argument("--replot", action="store_true", help="redraw the PNG from the JSON in --out")
     args, overrides = ap.parse_known_args(argv)
+    if args.replot:
+        out = Path(args.out)
+        plot(json.loads((out / "mixture.json").read_text())["runs"], out / "mixture.png")
+        return
     config = Path(args.config) if args.config else None
     base = [*DEFAULTS, *overrides]
     steps = load_config(TrainConfig, config, base).trainer.total_training_steps
