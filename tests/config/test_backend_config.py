@@ -52,6 +52,14 @@ def test_ray_settings_are_checked():
     assert c.trainer.distributed.ray_init_kwargs == {"num_cpus": 2}
 
 
+def test_vllm_engine_settings_are_checked():
+    vllm = "actor_rollout_ref.rollout.name=vllm"
+    with pytest.raises(ConfigError, match="tensor_model_parallel_size"):
+        validate_train_config(cfg(vllm, "actor_rollout_ref.rollout.tensor_model_parallel_size=2"))
+    with pytest.raises(ConfigError, match="cpu_kvcache_space_gb"):
+        validate_train_config(cfg(vllm, "actor_rollout_ref.rollout.cpu_kvcache_space_gb=0"))
+
+
 def test_vllm_with_async_training_is_refused():
     with pytest.raises(ConfigError, match="async_training"):
         validate_train_config(

@@ -54,6 +54,14 @@ def validate_train_config(cfg: TrainConfig) -> None:
                 "trainer.distributed.backend=ray does not combine with async_training.enable or "
                 "rollout_only.model_path yet: use the local backend for those"
             )
+    if r.name in ("vllm", "auto"):
+        if r.tensor_model_parallel_size != 1:
+            raise ConfigError(
+                "actor_rollout_ref.rollout.tensor_model_parallel_size must be 1: the weight push "
+                "reloads an in-process engine"
+            )
+        _positive(r.cpu_kvcache_space_gb, "actor_rollout_ref.rollout.cpu_kvcache_space_gb")
+        _positive(r.max_num_seqs, "actor_rollout_ref.rollout.max_num_seqs")
     if r.name == "vllm" and cfg.async_training.enable:
         raise ConfigError(
             "async_training.enable samples from a copy of the HF module on a thread: use "

@@ -1,0 +1,281 @@
+"""vLLM generation backend (``actor_rollout_ref.rollout.name=vllm``): an in-process engine that
+samples the actor's rollouts from weights pushed after every update.
+
+It keeps HFGenerator's contract exactly: ``n`` completions per prompt grouped in prompt order, a
+sampled stop token is included, and log-probs are those of the distribution each token was drawn
+from (after temperature and top-k/top-p: the engine's ``processed_logprobs`` mode), because they
+are importance-sampling denominators. Per-request seeds come from torch's global RNG, which the
+trainer seeds, so rollouts replay on resume.
+
+The engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) so a weight push is a
+tensor copy, not a serialisation round trip. One engine per (model, engine settings) is kept per
+process and shared by every generator built on it: vLLM engines are heavy (KV cache, a
+torch.distributed group), and tests and benchmarks build several trainers in one process.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from toolgrpo.config.schema import TrainConfig
+from toolgrpo.rollout.generator import Completion, SamplingParams
+from toolgrpo.rollout.hf import stop_token_ids
+from toolgrpo.rollout.vllm_weights import actor_weights, push_weights
+
+log = logging.getLogger(__name__)
+
+MAX_SEED = 2**31 - 1
+
+
+def set_engine_env(cfg: TrainConfig, on_gpu: bool) -> None:
+    """Environment vLLM reads at import/engine start; values already set win (a user's tuning)."""
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process: direct weight sync
+    os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+    os.environ.setdefault("DO_NOT_TRACK", "1")
+    if on_gpu:
+        return
+    # Even eager, sampling torch.compiles a logprobs helper (~18 s of gcc, cold) for no speed-up.
+    os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
+    # "auto" binding reserves a core for the scheduler: on a 2-core machine, half the compute.
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+
+
+def engine_dtype(name: str, on_gpu: bool) -> str:
+    """``auto``: bf16 on GPUs and CPUs with native bf16; fp32 elsewhere (emulated bf16 on AVX2
+    loses the oneDNN GEMM and runs ~5x slower)."""
+    from toolgrpo.models.loading import cpu_has_native_bf16
+
+    if name != "auto":
+        return name
+    return "bfloat16" if on_gpu or cpu_has_native_bf16() else "float32"
+
+
+def max_model_len(cfg: TrainConfig) -> int:
+    r, d = cfg.actor_rollout_ref.rollout, cfg.data
+    return r.max_model_len if r.max_model_len > 0 else d.max_prompt_length + d.max_response_length
+
+
+def engine_args(cfg: TrainConfig, model_dir: str, on_gpu: bool) -> dict[str, Any]:
+    """``vllm.LLM`` keyword arguments for ``cfg`` (verl's key names map one to one)."""
+    r = cfg.actor_rollout_ref.rollout
+    if r.tensor_model_parallel_size != 1:
+        raise ValueError(
+            "actor_rollout_ref.rollout.tensor_model_parallel_size must be 1: weight sync needs "
+            "the in-process engine"
+        )
+    args: dict[str, Any] = {
+        "model": model_dir,
+        "tokenizer": model_dir,
+        "dtype": engine_dtype(r.dtype, on_gpu),
+        "enforce_eager": r.enforce_eager,
+        "max_model_len": max_model_len(cfg),
+        "max_num_seqs": r.max_num_seqs,
+        "seed": cfg.trainer.seed,
+        "enable_prefix_caching": r.enable_prefix_caching,
+        "tensor_parallel_size": r.tensor_model_parallel_size,
+        # Log-probs of the distribution actually sampled (temperature, top-k/top-p applied).
+        "logprobs_mode": "processed_logprobs",
+        # Stop on exactly stop_token_ids(tokenizer), like HFGenerator, not on extra ids a
+        # generation_config.json may list; and no sampling defaults taken from it.
+        "generation_config": "vllm",
+    }
+    if on_gpu:
+        args["gpu_memory_utilization"] = r.gpu_memory_utilization
+    else:
+        # The CPU KV cache is a fixed size (VLLM_CPU_KVCACHE_SPACE, whole GiB, wins when set).
+        if r.cpu_kvcache_space_gb <= 0:
+            raise ValueError("actor_rollout_ref.rollout.cpu_kvcache_space_gb must be > 0")
+        args["kv_cache_memory_bytes"] = int(r.cpu_kvcache_space_gb * 2**30)
+    return args
+
+
+@dataclass
+class _Engine:
+    """A live ``vllm.LLM`` and who pushed its current weights (shared by generators)."""
+
+    key: tuple
+    llm: Any
+    users: int = 0
+    pushed_by: object = None  # the generator token of the last push
+    pushed_version: int | None = None
+
+
+_ENGINES: dict[tuple, _Engine] = {}
+
+
+def _engine_for(args: dict[str, Any]) -> _Engine:
+    key = tuple(sorted((k, repr(v)) for k, v in args.items()))
+    eng = _ENGINES.get(key)
+    if eng is None:
+        if _ENGINES:
+            log.warning("starting a second vLLM engine in this process (%d live)", len(_ENGINES))
+        from vllm import LLM
+
+        t0 = time.time()
+        with _process_state_kept():
+            eng = _Engine(key, LLM(**args))
+        log.info("vLLM engine ready in %.1f s (%s)", time.time() - t0, args["dtype"])
+        _ENGINES[key] = eng
+    eng.users += 1
+    return eng
+
+
+@contextmanager
+def _process_state_kept() -> Iterator[None]:
+    """The engine's worker reseeds the global RNGs and, to protect its OMP thread binding,
+    turns ``torch.set_num_threads`` into a no-op for the whole process. The trainer shares the
+    process: keep its RNG streams, and its thread control when nothing was bound (``nobind``)."""
+    import random
+
+    import numpy as np
+
+    states = torch.get_rng_state(), random.getstate(), np.random.get_state()
+    set_threads = torch.set_num_threads
+    try:
+        yield
+    finally:
+        torch.set_rng_state(states[0])
+        random.setstate(states[1])
+        np.random.set_state(states[2])
+        if os.environ.get("VLLM_CPU_OMP_THREADS_BIND") == "nobind":
+            torch.set_num_threads = set_threads
+
+
+def _shutdown(eng: _Engine) -> None:
+    _ENGINES.pop(eng.key, None)
+    core = getattr(eng.llm.llm_engine, "engine_core", None)
+    if core is not None and hasattr(core, "shutdown"):
+        core.shutdown()
+    eng.llm = None
+    gc.collect()
+    if not _ENGINES:  # the in-process engine's torch.distributed group; a new engine makes its own
+        from vllm.distributed.parallel_state import (
+            destroy_distributed_environment,
+            destroy_model_parallel,
+        )
+
+        destroy_model_parallel()
+        destroy_distributed_environment()
+
+
+class VLLMGenerator:
+    """A ``Generator`` on an in-process vLLM engine; ``sync_weights`` pushes the actor's."""
+
+    def __init__(self, engine: _Engine, tokenizer: Any, max_len: int) -> None:
+        self._engine: _Engine | None = engine
+        self.tokenizer = tokenizer
+        self.max_model_len = max_len
+        self.eos_ids = stop_token_ids(tokenizer)
+        self._token = object()  # identifies this generator's pushes on a shared engine
+        self.last_sync_s = 0.0
+        self.syncs = 0
+
+    @classmethod
+    def from_config(cls, cfg: TrainConfig, policy: Any) -> VLLMGenerator:
+        """An engine on the policy's base model, then the policy's own weights pushed into it
+        (so a LoRA warm start, not the bare base model, is what samples)."""
+        on_gpu = torch.cuda.is_available()
+        set_engine_env(cfg, on_gpu)
+        args = engine_args(cfg, str(policy.resolved.hf_dir), on_gpu)
+        gen = cls(_engine_for(args), policy.tokenizer, args["max_model_len"])
+        gen.sync_weights(policy.model, 0)
+        return gen
+
+    @property
+    def llm(self) -> Any:
+        if self._engine is None:
+            raise RuntimeError("this VLLMGenerator is closed")
+        return self._engine.llm
+
+    def sync_weights(self, model: Any, version: int) -> None:
+        """Push ``model``'s weights unless this generator already pushed this ``version``."""
+        eng = self._engine
+        if eng is None:
+            raise RuntimeError("this VLLMGenerator is closed")
+        if eng.pushed_by is self._token and eng.pushed_version == version:
+            return
+        t0 = time.time()
+        push_weights(eng.llm, actor_weights(model))
+        eng.pushed_by, eng.pushed_version = self._token, version
+        self.last_sync_s = time.time() - t0
+        self.syncs += 1
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
+        from vllm.inputs import TokensPrompt
+
+        if not prompts:
+            return []
+        for i, p in enumerate(prompts):
+            if not p:
+                raise ValueError(f"prompt {i} is empty")
+            if len(p) >= self.max_model_len:
+                raise ValueError(
+                    f"prompt {i} has {len(p)} tokens, leaving no room to generate within "
+                    f"actor_rollout_ref.rollout.max_model_len={self.max_model_len} (0 = "
+                    "data.max_prompt_length + data.max_response_length): raise it or shorten "
+                    "the prompt"
+                )
+        # Seeds from torch's global RNG: the trainer seeds it per step, so rollouts replay.
+        seeds = torch.randint(0, MAX_SEED, (len(prompts),)).tolist()
+        requests = [self._request(params, len(p), s) for p, s in zip(prompts, seeds, strict=True)]
+        outs = self.llm.generate(
+            [TokensPrompt(prompt_token_ids=list(p)) for p in prompts], requests, use_tqdm=False
+        )
+        # vLLM refuses n>1 when greedy; its n samples would be identical anyway (as in HF).
+        copies = params.n if not params.do_sample else 1
+        result: list[Completion] = []
+        for i, (prompt, out) in enumerate(zip(prompts, outs, strict=True)):
+            samples = sorted(out.outputs, key=lambda o: o.index)
+            if len(samples) * copies != params.n:
+                raise RuntimeError(f"vLLM returned {len(samples)} samples for n={params.n}")
+            for o in samples:
+                result.extend(self._completion(i, prompt, o) for _ in range(copies))
+        return result
+
+    def _request(self, params: SamplingParams, prompt_len: int, seed: int) -> Any:
+        from vllm import SamplingParams as VSamplingParams
+
+        sample = params.do_sample
+        return VSamplingParams(
+            n=params.n if sample else 1,
+            temperature=params.temperature if sample else 0.0,
+            top_p=params.top_p if sample else 1.0,
+            top_k=params.top_k if sample and params.top_k > 0 else 0,
+            # vLLM would stop at max_model_len anyway; say so instead of relying on it.
+            max_tokens=min(params.max_new_tokens, self.max_model_len - prompt_len),
+            stop_token_ids=self.eos_ids,
+            logprobs=0,  # the sampled token's only
+            seed=seed,
+            detokenize=False,  # token ids are all we use
+        )
+
+    def _completion(self, index: int, prompt: list[int], out: Any) -> Completion:
+        tokens = list(out.token_ids)
+        if out.logprobs is None or len(out.logprobs) != len(tokens):
+            raise RuntimeError("vLLM returned no log-prob for some sampled token")
+        lps = [float(pos[t].logprob) for pos, t in zip(out.logprobs, tokens, strict=True)]
+        if out.finish_reason == "stop":
+            if not tokens or tokens[-1] not in self.eos_ids:
+                raise RuntimeError(f"vLLM stopped without a stop token: {tokens[-3:]}")
+            return Completion(index, list(prompt), tokens, lps, "stop")
+        if out.finish_reason != "length":
+            raise RuntimeError(f"vLLM finished a request with {out.finish_reason!r}")
+        return Completion(index, list(prompt), tokens, lps, "length")
+
+    def close(self) -> None:
+        """Release the engine; the last generator on it shuts it down and frees its memory."""
+        eng, self._engine = self._engine, None
+        if eng is None:
+            return
+        eng.users -= 1
+        if eng.users <= 0:
+            _shutdown(eng)

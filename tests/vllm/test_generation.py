@@ -1,0 +1,92 @@
+"""vLLM generation keeps HFGenerator's contract: grouping, processed log-probs (checked against HF
+fp32 teacher forcing), greedy decoding, EOS handling, seeded replay and clear input errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.vllm.conftest import recompute
+from toolgrpo.rollout.generator import SamplingParams
+from toolgrpo.rollout.hf import HFGenerator, stop_token_ids
+
+pytestmark = pytest.mark.vllm
+
+ATOL = 1e-3  # fp32 engine vs fp32 HF: measured ~1e-5
+
+
+@pytest.mark.parametrize(
+    ("temperature", "top_k", "top_p"),
+    [(1.0, -1, 1.0), (0.7, 5, 1.0), (1.0, -1, 0.8)],
+    ids=["t1", "t0.7-topk5", "topp0.8"],
+)
+def test_logprobs_are_those_of_the_sampling_distribution(
+    vgen, hf_policy, prompts, temperature, top_k, top_p
+):
+    torch.manual_seed(0)
+    params = SamplingParams(
+        n=2, temperature=temperature, top_k=top_k, top_p=top_p, max_new_tokens=12
+    )
+    out = vgen.generate(prompts, params)
+    assert [c.prompt_index for c in out] == [0, 0, 1, 1, 2, 2]
+    truncated_differs = False
+    for c in out:
+        assert c.prompt_ids == prompts[c.prompt_index]
+        assert len(c.logprobs) == len(c.token_ids) >= 1
+        want, full = recompute(hf_policy.model, c, temperature, top_k, top_p)
+        torch.testing.assert_close(torch.tensor(c.logprobs), want, rtol=0, atol=ATOL)
+        truncated_differs |= bool((want - full).abs().max() > 1e-2)
+    assert truncated_differs == params.truncated  # truncation really changed the denominators
+
+
+def test_greedy_equals_hf_greedy(vgen, hf_policy, prompts):
+    params = SamplingParams(n=2, do_sample=False, max_new_tokens=16)  # vLLM itself refuses n>1
+    got = vgen.generate(prompts, params)
+    hf = HFGenerator(hf_policy.model, hf_policy.tokenizer, torch.float32).generate(prompts, params)
+    assert [c.prompt_index for c in got] == [c.prompt_index for c in hf] == [0, 0, 1, 1, 2, 2]
+    for v, h in zip(got, hf, strict=True):
+        assert v.token_ids == h.token_ids
+        assert v.finish_reason == h.finish_reason
+        torch.testing.assert_close(
+            torch.tensor(v.logprobs), torch.tensor(h.logprobs), atol=ATOL, rtol=0
+        )
+
+
+def test_stop_token_is_included_and_length_finishes(vgen, hf_policy, prompts):
+    eos = set(stop_token_ids(hf_policy.tokenizer))
+    assert set(vgen.eos_ids) == eos
+    (done,) = vgen.generate(prompts[:1], SamplingParams(do_sample=False, max_new_tokens=32))
+    assert done.finish_reason == "stop"
+    assert done.token_ids[-1] in eos and not eos & set(done.token_ids[:-1])
+    assert "Paris" in hf_policy.tokenizer.decode(done.token_ids)
+    want = recompute(hf_policy.model, done)[0]  # the stop token's log-prob is recorded too
+    torch.testing.assert_close(torch.tensor(done.logprobs), want, rtol=0, atol=ATOL)
+    (cut,) = vgen.generate(prompts[:1], SamplingParams(do_sample=False, max_new_tokens=3))
+    assert cut.finish_reason == "length"
+    assert cut.token_ids == done.token_ids[:3]
+
+
+def test_seeded_sampling_replays(vgen, prompts):
+    params = SamplingParams(n=3, max_new_tokens=8)
+    runs = []
+    for _ in range(2):
+        torch.manual_seed(7)
+        runs.append([c.token_ids for c in vgen.generate(prompts[:2], params)])
+    assert runs[0] == runs[1]
+    assert len({tuple(t) for t in runs[0][:3]}) > 1  # the n samples of a prompt differ
+
+
+def test_prompt_over_max_model_len_is_a_clear_error(vgen, prompts):
+    too_long = prompts[0] * (vgen.max_model_len // len(prompts[0]) + 1)
+    with pytest.raises(ValueError, match=f"rollout.max_model_len={vgen.max_model_len}"):
+        vgen.generate([prompts[1], too_long], SamplingParams(max_new_tokens=4))
+    # nothing was queued: the engine still serves the next call
+    assert len(vgen.generate(prompts[1:2], SamplingParams(max_new_tokens=4))) == 1
+
+
+def test_room_left_under_max_model_len_caps_the_sample(vgen, prompts):
+    long = (prompts[1] * (vgen.max_model_len // len(prompts[1]) + 1))[: vgen.max_model_len - 3]
+    (c,) = vgen.generate([long], SamplingParams(do_sample=False, max_new_tokens=16))
+    assert len(c.token_ids) <= 3
+    if c.finish_reason == "length":
+        assert len(c.token_ids) == 3
