@@ -24,12 +24,26 @@ from toolgrpo.rollout.generator import Completion, SamplingParams
 from toolgrpo.rollout.prompts import render_prompt
 from toolgrpo.router.budget import Budget
 from toolgrpo.router.catalog import build_families, load_labels
+from toolgrpo.router.families import FamilyMap
 from toolgrpo.router.metrics import observe_metrics
 from toolgrpo.router.policy import RouterPolicy
 from toolgrpo.router.prompts import condition_messages, condition_start
 from toolgrpo.router.usage import CostModel, ToolUsage, usage_of_messages, usage_of_text
 
 Condition = Callable[[EnvStart], EnvStart]
+
+
+@dataclass(frozen=True)
+class RouteCondition:
+    """Rewrites an episode's opening prompt for its route. A dataclass, not a closure, so it
+    pickles: in Ray mode episodes (and their conditions) are played on rollout workers."""
+
+    route: str
+    families: FamilyMap
+    family_tools_only: bool = False
+
+    def __call__(self, start: EnvStart) -> EnvStart:
+        return condition_start(start, self.route, self.families, self.family_tools_only)
 
 
 @dataclass
@@ -107,10 +121,7 @@ class RouterRuntime:
         return plan
 
     def _condition(self, route: str) -> Condition:
-        def apply(start: EnvStart) -> EnvStart:
-            return condition_start(start, route, self.families, self.rc.family_tools_only)
-
-        return apply
+        return RouteCondition(route, self.families, self.rc.family_tools_only)
 
     def rollout(
         self, plan: RoutePlan, generator: Any, params: SamplingParams

@@ -66,9 +66,17 @@ class Trainer(RolloutStage):
         self.sampler = TaskSampler(
             len(self.tasks), cfg.data.train_batch_size, cfg.data.seed, cfg.data.shuffle
         )
+        self.pool: Any = None
+        self.generator: Any = None
+        try:
+            self._setup(cfg)
+        except BaseException:
+            self.close()  # Ray workers or a vLLM engine already started must not outlive us
+            raise
+
+    def _setup(self, cfg: TrainConfig) -> None:
         r = cfg.actor_rollout_ref.rollout
         # Rollouts run here (HF or vLLM), or on Ray workers that hold their own generators.
-        self.pool: Any = None
         if cfg.trainer.distributed.backend == "ray":
             from toolgrpo.distributed.pool import RolloutPool
 

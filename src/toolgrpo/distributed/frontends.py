@@ -1,0 +1,55 @@
+"""What the trainer holds in Ray mode: a ``Generator`` and an ``EpisodeRunner`` whose work runs on
+the pool's workers. The trainer's code paths (single-turn rollouts, the router's rollouts,
+validation, multi-turn episodes) stay the same as with a local backend."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from toolgrpo.data.task import Task
+from toolgrpo.rollout.episode import Episode
+from toolgrpo.rollout.generator import Completion, Generator, SamplingParams
+from toolgrpo.rollout.multi_turn import Condition
+from toolgrpo.trainer.episodes import EpisodeRunner
+
+if TYPE_CHECKING:
+    from toolgrpo.distributed.pool import RolloutPool
+
+
+class PoolGenerator:
+    """``generate`` split across the workers: n completions per prompt, grouped by prompt in
+    prompt order, as every local backend returns them."""
+
+    def __init__(self, pool: RolloutPool) -> None:
+        self.pool = pool
+        self.eos_ids = list(pool.eos_ids)
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
+        return self.pool.generate(prompts, params)
+
+
+class PoolEpisodeRunner(EpisodeRunner):
+    """Episodes played on the workers, each with its own environments; the driver keeps its
+    router for the startup checks, and collates the returned episodes into the batch."""
+
+    def __init__(self, pool: RolloutPool, tokenizer: Any, router: Any) -> None:
+        super().__init__(pool.cfg, pool.generator, tokenizer, router)
+        self.pool = pool
+
+    def play(
+        self,
+        tasks: Sequence[Task],
+        params: SamplingParams,
+        step: int,
+        policy_version: int,
+        generator: Generator | None = None,
+        rollback: bool = True,
+        conditions: Sequence[Condition | None] | None = None,
+    ) -> list[Episode]:
+        if generator is not None and generator is not self.generator:
+            # Another policy's generator (it lives in this process): play here, as locally.
+            return super().play(
+                tasks, params, step, policy_version, generator, rollback, conditions
+            )
+        return self.pool.play(tasks, params, step, policy_version, rollback, conditions)
