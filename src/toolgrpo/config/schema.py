@@ -144,7 +144,7 @@ class RolloutConfig:
     )
     enforce_eager: bool = True  # no CUDA graphs / torch.compile: fast start, small models
     gpu_memory_utilization: float = 0.5  # GPU only; on CPU the KV cache is cpu_kvcache_space_gb
-    cpu_kvcache_space_gb: float = 1.0  # VLLM_CPU_KVCACHE_SPACE unless already set
+    cpu_kvcache_space_gb: float = 1.0  # CPU KV cache; VLLM_CPU_KVCACHE_SPACE, if set, wins
     max_num_seqs: int = 64
     max_model_len: int = 0  # 0 = data.max_prompt_length + data.max_response_length
     tensor_model_parallel_size: int = 1
