@@ -46,6 +46,7 @@ def test_engine_args_follow_the_config():
     assert args["dtype"] == ("bfloat16" if cpu_has_native_bf16() else "float32")
     assert args["logprobs_mode"] == "processed_logprobs"
     assert args["kv_cache_memory_bytes"] == 2**30 and "gpu_memory_utilization" not in args
+    assert args["enable_chunked_prefill"] is False and args["max_num_batched_tokens"] >= 320
     gpu = engine_args(_cfg(**{f"{r}.max_model_len": "64"}), "/m", on_gpu=True)
     assert gpu["dtype"] == "bfloat16" and gpu["max_model_len"] == 64
     assert gpu["gpu_memory_utilization"] == 0.5 and "kv_cache_memory_bytes" not in gpu

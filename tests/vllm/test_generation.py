@@ -90,3 +90,20 @@ def test_room_left_under_max_model_len_caps_the_sample(vgen, prompts):
     assert len(c.token_ids) <= 3
     if c.finish_reason == "length":
         assert len(c.token_ids) == 3
+
+
+def test_long_seeded_batch_is_prefilled_whole(session_gen, hf_policy):
+    """~6k prompt tokens in one call: with chunked prefill a partly prefilled seeded request made
+    vLLM rewind a CPU generator's offset and the step crashed."""
+    from toolgrpo.rollout.prompts import render_prompt
+
+    text = "Tools help. " * 300
+    long = [
+        render_prompt(hf_policy.tokenizer, [{"role": "user", "content": f"{i} {text}"}], 1000)
+        for i in range(6)
+    ]
+    assert sum(len(p) for p in long) > 5000
+    torch.manual_seed(0)
+    out = session_gen.generate(long, SamplingParams(n=1, max_new_tokens=2))
+    assert [c.prompt_index for c in out] == list(range(6))
+    assert all(len(c.token_ids) >= 1 and len(c.logprobs) == len(c.token_ids) for c in out)

@@ -96,6 +96,11 @@ def engine_args(cfg: TrainConfig, model_dir: str, on_gpu: bool) -> dict[str, Any
         if r.cpu_kvcache_space_gb <= 0:
             raise ValueError("actor_rollout_ref.rollout.cpu_kvcache_space_gb must be > 0")
         args["kv_cache_memory_bytes"] = int(r.cpu_kvcache_space_gb * 2**30)
+        # Seeded requests get CPU torch generators here, and vLLM rewinds the generator of a
+        # partly prefilled (chunked) request by an offset CPU generators lack ("CPU Generator
+        # does not use offset": a step with ~6k prompt tokens crashed). Prefill whole prompts.
+        args["enable_chunked_prefill"] = False
+        args["max_num_batched_tokens"] = max(args["max_model_len"], 8192)
     return args
 
 
