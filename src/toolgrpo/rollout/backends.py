@@ -8,15 +8,12 @@ when it imports and HF otherwise.
 from __future__ import annotations
 
 import importlib.util
-import logging
 from typing import Any
 
 from toolgrpo.config.loader import ConfigError
 from toolgrpo.config.schema import TrainConfig
 from toolgrpo.rollout.generator import Generator
 from toolgrpo.rollout.hf import HFGenerator
-
-log = logging.getLogger(__name__)
 
 
 def vllm_available() -> bool:
