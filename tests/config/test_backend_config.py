@@ -96,3 +96,21 @@ def test_sync_weights_is_a_no_op_for_shared_weight_backends():
     own = Own()
     backends.sync_weights(own, "m", 3)
     assert own.pushed == [("m", 3)]
+
+
+def test_rollout_mode_is_checked(monkeypatch):
+    assert TrainConfig().actor_rollout_ref.rollout.mode == "sync"
+    with pytest.raises(ConfigError, match="actor_rollout_ref.rollout.mode"):
+        validate_train_config(cfg("actor_rollout_ref.rollout.mode=server"))
+    with pytest.raises(ConfigError, match="rollout.name=vllm"):  # HF has no async engine
+        validate_train_config(cfg("actor_rollout_ref.rollout.mode=async"))
+    async_vllm = ("actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.mode=async")
+    validate_train_config(cfg(*async_vllm))
+    with pytest.raises(ConfigError, match="mode=async"):
+        validate_train_config(cfg(*async_vllm, "trainer.distributed.backend=ray"))
+    # auto on a machine without vLLM: the async engine cannot be honoured, and says so.
+    monkeypatch.setattr(backends, "vllm_available", lambda: False)
+    c = cfg("actor_rollout_ref.rollout.name=auto", "actor_rollout_ref.rollout.mode=async")
+    validate_train_config(c)
+    with pytest.raises(ConfigError, match="mode=async needs vLLM"):
+        backends.make_generator(c, policy=None)

@@ -221,6 +221,51 @@ def test_groups_share_uid_and_first_turn_is_one_call(tok):
     assert [len(c) for c in gen.calls] == [2, 2] and len(gen.sampled) == 12
 
 
+@dataclass
+class AsyncScripted(ScriptedGenerator):
+    """A generator with its own scheduler (like vLLM's async engine): ``agenerate`` per request."""
+
+    async def agenerate(self, prompt: list[int], params: SamplingParams) -> list[Completion]:
+        await asyncio.sleep(0)
+        return self.generate([prompt], params)
+
+
+def test_an_agenerate_backend_gets_every_turn_as_its_own_request(tok):
+    gen = AsyncScripted(tok, [CALL, "<answer>5</answer>"])
+    batcher = GenerationBatcher(gen, SamplingParams(max_new_tokens=64))
+    router = EnvRouter({"add": {"type": "test_add", "max_turns": 4}})
+    eps = asyncio.run(play_tasks([TASK], 3, router, batcher, tok, EpisodeLimits(512)))
+    batcher.close()
+    assert all(e.reward == 1.0 and e.num_turns == 2 for e in eps)
+    assert [len(c) for c in gen.calls] == [1] * 6 and batcher.calls == batcher.requests == 6
+    for e in eps:  # the mask still trains exactly the sampled turns
+        sampled = [t for t, m in zip(e.response_ids, e.response_mask, strict=True) if m]
+        assert sampled == gen.sampled[0] + gen.sampled[-1]
+
+
+class Broken(ScriptedGenerator):
+    def generate(self, prompts, params):
+        raise RuntimeError("engine died")
+
+
+@dataclass
+class AsyncBroken(ScriptedGenerator):
+    async def agenerate(self, prompt, params):
+        raise RuntimeError("engine died")
+
+
+@pytest.mark.parametrize("cls", [Broken, AsyncBroken])
+def test_a_backend_failure_stops_the_rollout_instead_of_scoring_it(tok, cls):
+    """A dead engine is not an environment error: scoring its episodes -1 would train on noise."""
+    from toolgrpo.rollout.generator import GenerationError
+
+    batcher = GenerationBatcher(cls(tok, [CALL]), SamplingParams(max_new_tokens=64))
+    router = EnvRouter({"add": {"type": "test_add", "max_turns": 4}})
+    with pytest.raises(GenerationError, match="RuntimeError: engine died"):
+        asyncio.run(play_tasks([TASK], 2, router, batcher, tok, EpisodeLimits(512)))
+    batcher.close()
+
+
 def test_router_errors():
     from toolgrpo.envs.registry import EnvConfigError
 

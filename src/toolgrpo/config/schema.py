@@ -130,6 +130,9 @@ class MultiTurnConfig:
 @dataclass
 class RolloutConfig:
     name: str = "hf"  # hf | vllm | auto (vllm when it imports, else hf)
+    # sync: one generate call per wave of episode turns | async: vLLM's async engine, each turn
+    # its own request, continuously batched (multi-turn; name=vllm or auto)
+    mode: str = "sync"
     n: int = 4
     temperature: float = 1.0
     top_p: float = 1.0

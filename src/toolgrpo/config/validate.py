@@ -42,6 +42,12 @@ def validate_train_config(cfg: TrainConfig) -> None:
     _one_of(alg.kl_ctrl.type, ("fixed", "adaptive"), "algorithm.kl_ctrl.type")
     _one_of(r.name, ("hf", "vllm", "auto"), "actor_rollout_ref.rollout.name")
     _one_of(r.dtype, ("auto", "bfloat16", "float32"), "actor_rollout_ref.rollout.dtype")
+    _one_of(r.mode, ("sync", "async"), "actor_rollout_ref.rollout.mode")
+    if r.mode == "async" and r.name == "hf":
+        raise ConfigError(
+            "actor_rollout_ref.rollout.mode=async runs vLLM's async engine: set "
+            "actor_rollout_ref.rollout.name=vllm (or auto), or use mode=sync with hf"
+        )
     dist = cfg.trainer.distributed
     _one_of(dist.backend, ("local", "ray"), "trainer.distributed.backend")
     if dist.backend == "ray":
@@ -53,6 +59,12 @@ def validate_train_config(cfg: TrainConfig) -> None:
             raise ConfigError(
                 "trainer.distributed.backend=ray does not combine with async_training.enable or "
                 "rollout_only.model_path yet: use the local backend for those"
+            )
+        if r.mode == "async":
+            raise ConfigError(
+                "trainer.distributed.backend=ray does not run actor_rollout_ref.rollout.mode=async "
+                "yet (each worker would spawn an engine process from a Ray actor): use mode=sync "
+                "with Ray, or the local backend with mode=async"
             )
     if r.name in ("vllm", "auto"):
         if r.tensor_model_parallel_size != 1:

@@ -2,7 +2,8 @@
 
 ``hf`` generates with the trainer's own module (weights shared, nothing to sync); ``vllm`` runs an
 in-process vLLM engine that receives the actor's weights after every update; ``auto`` picks vLLM
-when it imports and HF otherwise.
+when it imports and HF otherwise. ``rollout.mode=async`` runs vLLM's async engine instead, which
+serves every episode turn as its own request (``vllm_async``).
 """
 
 from __future__ import annotations
@@ -38,7 +39,17 @@ def backend_name(cfg: TrainConfig) -> str:
 def make_generator(cfg: TrainConfig, policy: Any) -> Generator:
     """The actor's rollout generator for ``cfg``; a vLLM one starts on ``policy``'s weights."""
     r = cfg.actor_rollout_ref.rollout
-    if backend_name(cfg) == "vllm":
+    name = backend_name(cfg)
+    if r.mode == "async":
+        if name != "vllm":
+            raise ConfigError(
+                "actor_rollout_ref.rollout.mode=async needs vLLM, which is not installed here: "
+                "install it (see rollout.name=vllm) or use mode=sync"
+            )
+        from toolgrpo.rollout.vllm_async import AsyncVLLMGenerator
+
+        return AsyncVLLMGenerator.from_config(cfg, policy)
+    if name == "vllm":
         from toolgrpo.rollout.vllm_backend import VLLMGenerator
 
         return VLLMGenerator.from_config(cfg, policy)

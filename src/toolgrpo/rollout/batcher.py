@@ -4,6 +4,9 @@ Episodes are asyncio tasks; each awaits ``generate`` for its next turn. While th
 (in its own thread), new requests queue up; when it is free, everything queued goes out as one
 call. An episode waiting on a slow tool therefore never holds the others back: it joins whichever
 batch is next when its results arrive.
+
+A generator with its own scheduler (``agenerate``: vLLM's async engine) gets each request as it
+comes instead; the engine adds it to the batch it is running at its next step.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import asyncio
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
-from toolgrpo.rollout.generator import Completion, Generator, SamplingParams
+from toolgrpo.rollout.generator import Completion, GenerationError, Generator, SamplingParams
 
 
 @dataclass
@@ -35,7 +38,18 @@ class GenerationBatcher:
         self.requests = 0
 
     async def generate(self, prompt_ids: list[int], max_new_tokens: int) -> Completion:
-        """One completion of ``prompt_ids`` with at most ``max_new_tokens`` new tokens."""
+        """One completion of ``prompt_ids`` with at most ``max_new_tokens`` new tokens; a
+        backend failure raises ``GenerationError``."""
+        agenerate = getattr(self.generator, "agenerate", None)
+        if agenerate is not None:
+            self.calls += 1
+            self.requests += 1
+            params = replace(self.params, max_new_tokens=max(1, max_new_tokens))
+            try:
+                (comp,) = await agenerate(list(prompt_ids), params)
+            except Exception as exc:
+                raise _backend_error(exc) from exc
+            return comp
         loop = asyncio.get_running_loop()
         if self._worker is None or self._worker.done():
             self._wakeup = asyncio.Event()
@@ -64,9 +78,10 @@ class GenerationBatcher:
                         self._pool, self._call, batch
                     )
                 except Exception as exc:  # a backend failure fails its requests, not the loop
+                    err = _backend_error(exc)
                     for r in batch:
                         if not r.future.done():
-                            r.future.set_exception(exc)
+                            r.future.set_exception(err)
                     continue
                 for r, c in zip(batch, comps, strict=True):
                     if not r.future.done():
@@ -103,6 +118,14 @@ class GenerationBatcher:
         if self._worker is not None:
             self._worker.cancel()
         self._pool.shutdown(wait=False)
+
+
+def _backend_error(exc: Exception) -> GenerationError:
+    if isinstance(exc, GenerationError):
+        return exc
+    err = GenerationError(f"the generation backend failed: {type(exc).__name__}: {exc}")
+    err.__cause__ = exc
+    return err
 
 
 def _clip(c: Completion, max_new: int) -> Completion:

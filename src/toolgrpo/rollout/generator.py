@@ -43,6 +43,11 @@ class Completion:
     finish_reason: str  # "stop" (an EOS was sampled, and is included) | "length"
 
 
+class GenerationError(RuntimeError):
+    """The generation backend failed (an engine died, a request was refused): this stops the
+    step instead of being scored as episodes' environment errors."""
+
+
 class Generator(Protocol):
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
         """``params.n`` completions per prompt, grouped by prompt in prompt order."""

@@ -18,6 +18,7 @@ from toolgrpo.envs.base import Env, EnvReward, EnvStart, Transcript
 from toolgrpo.envs.registry import EnvRouter
 from toolgrpo.rollout.batcher import GenerationBatcher
 from toolgrpo.rollout.episode import Episode
+from toolgrpo.rollout.generator import GenerationError
 from toolgrpo.rollout.render import decode, delta_text, encode, render_text, with_tools
 from toolgrpo.rollout.rollback import (
     NegativeBudget,
@@ -237,7 +238,7 @@ async def play_tasks(
                 budget,
                 cond,
             )
-        except SnapshotUnsupported:  # a setup error: stop the run, do not score it
+        except (SnapshotUnsupported, GenerationError):  # setup or backend: stop, do not score
             raise
         except Exception as exc:  # an environment bug ends its episode, not the run
             log.warning("episode of %s failed: %s: %s", task.task_id, type(exc).__name__, exc)

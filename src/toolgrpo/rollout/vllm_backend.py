@@ -142,7 +142,7 @@ def _engine_for(args: dict[str, Any]) -> _Engine:
 
         def start() -> Any:
             torch.set_num_threads(threads)  # before vLLM's worker pins the count
-            with _process_state_kept():
+            with process_state_kept():
                 return LLM(**args)
 
         try:
@@ -157,7 +157,7 @@ def _engine_for(args: dict[str, Any]) -> _Engine:
 
 
 @contextmanager
-def _process_state_kept() -> Iterator[None]:
+def process_state_kept() -> Iterator[None]:
     """The engine's worker reseeds the global RNGs and, to protect its OMP thread binding,
     turns ``torch.set_num_threads`` into a no-op for the whole process. The trainer shares the
     process: keep its RNG streams, and its thread control when nothing was bound (``nobind``)."""
@@ -249,19 +249,13 @@ class VLLMGenerator:
 
         if not prompts:
             return []
-        for i, p in enumerate(prompts):
-            if not p:
-                raise ValueError(f"prompt {i} is empty")
-            if len(p) >= self.max_model_len:
-                raise ValueError(
-                    f"prompt {i} has {len(p)} tokens, leaving no room to generate within "
-                    f"actor_rollout_ref.rollout.max_model_len={self.max_model_len} (0 = "
-                    "data.max_prompt_length + data.max_response_length): raise it or shorten "
-                    "the prompt"
-                )
+        check_prompts(prompts, self.max_model_len)
         # Seeds from torch's global RNG: the trainer seeds it per step, so rollouts replay.
         seeds = torch.randint(0, MAX_SEED, (len(prompts),)).tolist()
-        requests = [self._request(params, len(p), s) for p, s in zip(prompts, seeds, strict=True)]
+        requests = [
+            sampling_request(params, len(p), s, self.max_model_len, self.eos_ids)
+            for p, s in zip(prompts, seeds, strict=True)
+        ]
         llm = self.llm
         outs = self._engine.run(
             llm.generate,
@@ -269,46 +263,10 @@ class VLLMGenerator:
             requests,
             use_tqdm=False,
         )
-        # vLLM refuses n>1 when greedy; its n samples would be identical anyway (as in HF).
-        copies = params.n if not params.do_sample else 1
         result: list[Completion] = []
         for i, (prompt, out) in enumerate(zip(prompts, outs, strict=True)):
-            samples = sorted(out.outputs, key=lambda o: o.index)
-            if len(samples) * copies != params.n:
-                raise RuntimeError(f"vLLM returned {len(samples)} samples for n={params.n}")
-            for o in samples:
-                result.extend(self._completion(i, prompt, o) for _ in range(copies))
+            result.extend(completions(i, prompt, out, params, self.eos_ids))
         return result
-
-    def _request(self, params: SamplingParams, prompt_len: int, seed: int) -> Any:
-        from vllm import SamplingParams as VSamplingParams
-
-        sample = params.do_sample
-        return VSamplingParams(
-            n=params.n if sample else 1,
-            temperature=params.temperature if sample else 0.0,
-            top_p=params.top_p if sample else 1.0,
-            top_k=params.top_k if sample and params.top_k > 0 else 0,
-            # vLLM would stop at max_model_len anyway; say so instead of relying on it.
-            max_tokens=min(params.max_new_tokens, self.max_model_len - prompt_len),
-            stop_token_ids=self.eos_ids,
-            logprobs=0,  # the sampled token's only
-            seed=seed,
-            detokenize=False,  # token ids are all we use
-        )
-
-    def _completion(self, index: int, prompt: list[int], out: Any) -> Completion:
-        tokens = list(out.token_ids)
-        if out.logprobs is None or len(out.logprobs) != len(tokens):
-            raise RuntimeError("vLLM returned no log-prob for some sampled token")
-        lps = [float(pos[t].logprob) for pos, t in zip(out.logprobs, tokens, strict=True)]
-        if out.finish_reason == "stop":
-            if not tokens or tokens[-1] not in self.eos_ids:
-                raise RuntimeError(f"vLLM stopped without a stop token: {tokens[-3:]}")
-            return Completion(index, list(prompt), tokens, lps, "stop")
-        if out.finish_reason != "length":
-            raise RuntimeError(f"vLLM finished a request with {out.finish_reason!r}")
-        return Completion(index, list(prompt), tokens, lps, "length")
 
     def close(self) -> None:
         """Release the engine; the last generator on it shuts it down and frees its memory."""
@@ -318,3 +276,66 @@ class VLLMGenerator:
         eng.users -= 1
         if eng.users <= 0:
             _shutdown(eng)
+
+
+def check_prompts(prompts: list[list[int]], max_len: int) -> None:
+    """Refuse a prompt the engine cannot extend, naming the key to change."""
+    for i, p in enumerate(prompts):
+        if not p:
+            raise ValueError(f"prompt {i} is empty")
+        if len(p) >= max_len:
+            raise ValueError(
+                f"prompt {i} has {len(p)} tokens, leaving no room to generate within "
+                f"actor_rollout_ref.rollout.max_model_len={max_len} (0 = "
+                "data.max_prompt_length + data.max_response_length): raise it or shorten "
+                "the prompt"
+            )
+
+
+def sampling_request(
+    params: SamplingParams, prompt_len: int, seed: int, max_len: int, eos_ids: list[int]
+) -> Any:
+    """vLLM's ``SamplingParams`` for one prompt under ``params``."""
+    from vllm import SamplingParams as VSamplingParams
+
+    sample = params.do_sample
+    return VSamplingParams(
+        n=params.n if sample else 1,  # vLLM refuses n>1 when greedy: sampled once, repeated
+        temperature=params.temperature if sample else 0.0,
+        top_p=params.top_p if sample else 1.0,
+        top_k=params.top_k if sample and params.top_k > 0 else 0,
+        # vLLM would stop at max_model_len anyway; say so instead of relying on it.
+        max_tokens=min(params.max_new_tokens, max_len - prompt_len),
+        stop_token_ids=list(eos_ids),
+        logprobs=0,  # the sampled token's only
+        seed=seed,
+        detokenize=False,  # token ids are all we use
+    )
+
+
+def completions(
+    index: int, prompt: list[int], out: Any, params: SamplingParams, eos_ids: list[int]
+) -> list[Completion]:
+    """The ``params.n`` completions of one ``RequestOutput``, in sample order."""
+    copies = params.n if not params.do_sample else 1
+    samples = sorted(out.outputs, key=lambda o: o.index)
+    if len(samples) * copies != params.n:
+        raise RuntimeError(f"vLLM returned {len(samples)} samples for n={params.n}")
+    result = []
+    for o in samples:
+        result.extend(_completion(index, prompt, o, eos_ids) for _ in range(copies))
+    return result
+
+
+def _completion(index: int, prompt: list[int], out: Any, eos_ids: list[int]) -> Completion:
+    tokens = list(out.token_ids)
+    if out.logprobs is None or len(out.logprobs) != len(tokens):
+        raise RuntimeError("vLLM returned no log-prob for some sampled token")
+    lps = [float(pos[t].logprob) for pos, t in zip(out.logprobs, tokens, strict=True)]
+    if out.finish_reason == "stop":
+        if not tokens or tokens[-1] not in eos_ids:
+            raise RuntimeError(f"vLLM stopped without a stop token: {tokens[-3:]}")
+        return Completion(index, list(prompt), tokens, lps, "stop")
+    if out.finish_reason != "length":
+        raise RuntimeError(f"vLLM finished a request with {out.finish_reason!r}")
+    return Completion(index, list(prompt), tokens, lps, "length")

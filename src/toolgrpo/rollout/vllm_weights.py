@@ -110,7 +110,15 @@ def driver_worker(llm: Any) -> Any:
 
 def push_weights(llm: Any, weights: Iterator[tuple[str, torch.Tensor]]) -> None:
     """Load ``weights`` into ``llm``'s model, refresh the tied LM head, drop cached prefixes."""
-    worker = driver_worker(llm)
+    reload_into_worker(driver_worker(llm), weights)
+    # Prefix caching would otherwise reuse prompt KV computed with the previous weights.
+    llm.reset_prefix_cache()
+
+
+def reload_into_worker(worker: Any, weights: Iterator[tuple[str, torch.Tensor]]) -> None:
+    """``Worker.reload_weights`` from checkpoint-named tensors, then the tied-head refresh. Runs
+    wherever the worker lives: this process (``push_weights``) or an engine-core process
+    (``vllm_worker_ext``)."""
     reload_log = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
     if _FILTER not in reload_log.filters:
         reload_log.addFilter(_FILTER)
@@ -118,8 +126,24 @@ def push_weights(llm: Any, weights: Iterator[tuple[str, torch.Tensor]]) -> None:
     model = worker.model_runner.model
     if getattr(model.config, "tie_word_embeddings", False):
         refresh_tied_head(model)
-    # Prefix caching would otherwise reuse prompt KV computed with the previous weights.
-    llm.reset_prefix_cache()
+
+
+def save_weights(weights: Iterator[tuple[str, torch.Tensor]], path: str) -> int:
+    """Write ``weights`` as one safetensors file (for an engine in another process); a tensor
+    that aliases one already written (a tied LM head) is left out, as checkpoints do. Returns
+    the number of tensors written."""
+    from safetensors.torch import save_file
+
+    seen: set[tuple[int, tuple[int, ...], tuple[int, ...]]] = set()
+    out: dict[str, torch.Tensor] = {}
+    for name, t in weights:
+        key = (t.data_ptr(), tuple(t.shape), tuple(t.stride()))
+        if key in seen:
+            continue
+        seen.add(key)
+        out[name] = t.contiguous()
+    save_file(out, path)
+    return len(out)
 
 
 def refresh_tied_head(model: Any) -> None:
