@@ -260,3 +260,40 @@ def test_filter_overlong_and_rollout_tasks(policy):
     text = solution_text(policy.tokenizer, out[0])
     assert text.startswith(policy.tokenizer.decode(out[0].prompt_ids, skip_special_tokens=False))
     assert "<|im_start|>assistant\n" in text
+
+
+def _first_stop_end(tok, tokens: list[int], stop: str) -> int | None:
+    """Brute force: the shortest prefix whose text contains ``stop``."""
+    for k in range(len(tokens)):
+        if stop in tok.decode(tokens[: k + 1], skip_special_tokens=False):
+            return k
+    return None
+
+
+def test_stop_strings_end_a_completion_after_the_completing_token(policy, prompts):
+    """Seeded, so the run with a stop string replays the run without one up to the cut (HF
+    keeps sampling finished rows, then pads them); a row whose text never contains the string
+    is left exactly as it was."""
+    tok, gen = policy.tokenizer, _gen(policy)
+    gen.eos_ids = []  # the random model must not end early: the cut comes from the string
+    torch.manual_seed(4)
+    free = gen.generate(prompts, SamplingParams(max_new_tokens=16))
+    words = [tok.decode([t]).strip() for t in free[1].token_ids[3:]]
+    stop = next(w for w in words if w.isascii() and w.isalpha())
+    want = {i: _first_stop_end(tok, c.token_ids, stop) for i, c in enumerate(free)}
+    assert want[1] is not None and want[1] < 15
+    torch.manual_seed(4)
+    out = gen.generate(prompts, SamplingParams(max_new_tokens=16, stop=(stop,)))
+    for i, (c, f) in enumerate(zip(out, free, strict=True)):
+        if want[i] is None:
+            assert (c.token_ids, c.finish_reason) == (f.token_ids, "length")
+            continue
+        end = want[i] + 1
+        assert c.token_ids == f.token_ids[:end] and c.finish_reason == "stop"
+        assert stop in tok.decode(c.token_ids) and stop not in tok.decode(c.token_ids[:-1])
+        torch.testing.assert_close(torch.tensor(c.logprobs), torch.tensor(f.logprobs[:end]))
+
+
+def test_bad_stop_strings_are_refused():
+    with pytest.raises(ValueError, match="stop strings"):
+        SamplingParams(stop=("",))

@@ -145,6 +145,35 @@ def test_mask_zero_tokens_are_template_and_tool_output(tok):
     assert full == render_text(tok, ep.messages, None, False).rstrip("\n")
 
 
+class StopAtToolCall(ScriptedGenerator):
+    """A turn cut by the stop string "</tool_call>" ends with it, not with a stop token."""
+
+    def generate(self, prompts, params):
+        assert params.stop == ("</tool_call>",)
+        out = super().generate(prompts, params)
+        for k, c in enumerate(out):
+            if self.turns[self._turn_of(c.prompt_ids)].endswith("</tool_call>"):
+                c.token_ids, c.logprobs = c.token_ids[:-1], c.logprobs[:-1]  # no stop token
+                self.sampled[len(self.sampled) - len(out) + k] = c.token_ids
+        return out
+
+
+def test_a_turn_ended_by_a_stop_string_is_closed_by_the_template(tok):
+    """The turn's text stands as sampled (mask 1); the template's closing tokens that follow it
+    are context (mask 0), and the stream still extends exactly."""
+    gen = StopAtToolCall(tok, [CALL, "<answer>5</answer>"])
+    batcher = GenerationBatcher(gen, SamplingParams(max_new_tokens=64, stop=("</tool_call>",)))
+    ep = asyncio.run(play_task(TASK, AddEnv(), batcher, tok, LIMITS, uid="u"))
+    batcher.close()
+    assert ep.stop_reason == "answer" and ep.reward == 1.0 and ep.num_turns == 2
+    assert ep.prefix_mismatches == 0
+    ones = [s for s in _spans(ep.response_mask) if s[0] == 1]
+    assert [ep.response_ids[a:b] for _, a, b in ones] == gen.sampled
+    assert tok.decode(gen.sampled[0]).endswith("</tool_call>")
+    closing = tok.decode(ep.response_ids[ones[0][2] : ones[1][1]], skip_special_tokens=False)
+    assert closing.startswith("<|im_end|>") and "RESULT=5" in closing
+
+
 def test_each_generation_prompt_extends_the_previous_tokens(tok):
     _, gen = _play(tok, [CALL, CALL, "<answer>5</answer>"], AddEnv())
     prompts = [c[0] for c in gen.calls]

@@ -74,6 +74,12 @@ def test_generate_and_agenerate_match_hf_logprobs(agen, hf_policy, prompts):
     groups = asyncio.run(concurrently())
     assert [len(g) for g in groups] == [1, 1, 1]
     _check_against_hf(hf_policy.model, [g[0] for g in groups], temperature=0.7, top_k=20)
+    # Stop strings as in sync mode (greedy: "Paris" is the answer's first content word).
+    (cut,) = agen.generate(
+        prompts[:1], SamplingParams(do_sample=False, max_new_tokens=32, stop=("Paris",))
+    )
+    assert cut.finish_reason == "stop"
+    assert hf_policy.tokenizer.decode(cut.token_ids).endswith("Paris")
     # Seeds come from torch's RNG: the same seed replays the same samples.
     torch.manual_seed(3)
     again = asyncio.run(concurrently())

@@ -66,6 +66,23 @@ def test_stop_token_is_included_and_length_finishes(vgen, hf_policy, prompts):
     assert cut.token_ids == done.token_ids[:3]
 
 
+def test_stop_string_ends_the_completion_as_in_hf(vgen, hf_policy, prompts):
+    """Greedy "capital of France": the stop string "Paris" cuts the answer right after the token
+    that completes it, in both backends; the logprobs are still the sampled tokens'."""
+    tok = hf_policy.tokenizer
+    greedy = SamplingParams(do_sample=False, max_new_tokens=32)
+    (free,) = vgen.generate(prompts[:1], greedy)
+    params = SamplingParams(do_sample=False, max_new_tokens=32, stop=("Paris",))
+    (got,) = vgen.generate(prompts[:1], params)
+    (hf,) = HFGenerator(hf_policy.model, tok, torch.float32).generate(prompts[:1], params)
+    assert got.finish_reason == hf.finish_reason == "stop"
+    assert got.token_ids == hf.token_ids == free.token_ids[: len(got.token_ids)]
+    assert len(got.token_ids) < len(free.token_ids)
+    assert tok.decode(got.token_ids).endswith("Paris")
+    want = recompute(hf_policy.model, got)[0]
+    torch.testing.assert_close(torch.tensor(got.logprobs), want, rtol=0, atol=ATOL)
+
+
 def test_seeded_sampling_replays(vgen, prompts):
     params = SamplingParams(n=3, max_new_tokens=8)
     runs = []

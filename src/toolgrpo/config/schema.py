@@ -137,6 +137,9 @@ class RolloutConfig:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1  # -1 = off, as in verl/vLLM
+    # Strings that end a turn when sampled (vLLM's ``stop``; kept in the output), e.g.
+    # ["</tool_call>"]; stop tokens (EOS, <|im_end|>) always end one.
+    stop: list[str] = field(default_factory=list)
     log_prob_micro_batch_size_per_gpu: int = 8
     generation_batch_size: int = 16  # sequences per generate() call
     val_kwargs: ValKwargs = field(default_factory=ValKwargs)

@@ -43,6 +43,10 @@ def validate_train_config(cfg: TrainConfig) -> None:
     _one_of(r.name, ("hf", "vllm", "auto"), "actor_rollout_ref.rollout.name")
     _one_of(r.dtype, ("auto", "bfloat16", "float32"), "actor_rollout_ref.rollout.dtype")
     _one_of(r.mode, ("sync", "async"), "actor_rollout_ref.rollout.mode")
+    if any(not isinstance(s, str) or not s for s in r.stop):
+        raise ConfigError(
+            f"actor_rollout_ref.rollout.stop must be a list of non-empty strings, got {r.stop!r}"
+        )
     if r.mode == "async" and r.name == "hf":
         raise ConfigError(
             "actor_rollout_ref.rollout.mode=async runs vLLM's async engine: set "

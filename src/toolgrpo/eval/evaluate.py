@@ -25,6 +25,7 @@ def val_sampling_params(cfg: TrainConfig) -> SamplingParams:
         top_k=vk.top_k,
         max_new_tokens=cfg.data.max_response_length,
         do_sample=vk.do_sample,
+        stop=tuple(cfg.actor_rollout_ref.rollout.stop),
     )
 
 

@@ -56,6 +56,7 @@ def fixed_specs(cfg: TrainConfig) -> list[FixedSpec]:
             top_p=_pick(e.top_p, ro.top_p, r.top_p),
             top_k=_pick(e.top_k, ro.top_k, r.top_k),
             max_new_tokens=cfg.data.max_response_length,
+            stop=tuple(r.stop),
         )
         model = ModelConfig(path=path, dtype=dtype, adapter_path=adapter)
         batch = _pick(ro.generation_batch_size, r.generation_batch_size)

@@ -14,6 +14,9 @@ class SamplingParams:
     top_k: int = -1  # -1 or 0 = off
     max_new_tokens: int = 128
     do_sample: bool = True
+    # Strings that end a completion once its decoded text contains one (vLLM's ``stop``); the
+    # token that completes it is kept, like a sampled stop token.
+    stop: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.n < 1:
@@ -24,6 +27,8 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.max_new_tokens < 1:
             raise ValueError("max_new_tokens must be >= 1")
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            raise ValueError(f"stop strings must be non-empty strings, got {self.stop!r}")
 
     @property
     def truncated(self) -> bool:
@@ -40,7 +45,8 @@ class Completion:
     prompt_ids: list[int]
     token_ids: list[int]
     logprobs: list[float]
-    finish_reason: str  # "stop" (an EOS was sampled, and is included) | "length"
+    # "stop": a stop token was sampled or a stop string completed (either is included) | "length"
+    finish_reason: str
 
 
 class GenerationError(RuntimeError):

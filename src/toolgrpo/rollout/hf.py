@@ -116,7 +116,10 @@ class HFGenerator:
             max_new_tokens=params.max_new_tokens,
             eos_token_id=self.eos_ids,
             pad_token_id=self.pad_id,
+            stop_strings=list(params.stop) or None,
         )
+        # HF matches stop strings on tokens and needs the tokenizer for it.
+        with_tokenizer = {"tokenizer": self.tokenizer} if params.stop else {}
         was_training = self.model.training
         self.model.eval()
         try:
@@ -129,6 +132,7 @@ class HFGenerator:
                     past_key_values=cache,
                     generation_config=gen_cfg,
                     logits_processor=LogitsProcessorList(processors),
+                    **with_tokenizer,
                 )
         finally:
             self.model.train(was_training)
@@ -141,6 +145,26 @@ class HFGenerator:
     def _completion(self, index, prompt, new_ids, lps, params) -> Completion:
         tokens = new_ids.tolist()
         end = next((k for k, t in enumerate(tokens) if t in self.eos_ids), None)
+        if params.stop:  # a stopped row is padded after its stop string: cut there
+            before_eos = tokens if end is None else tokens[:end]
+            hit = stop_string_end(self.tokenizer, before_eos, params.stop)
+            end = hit if hit is not None else end
         if end is None:
             return Completion(index, list(prompt), tokens, lps.tolist(), "length")
         return Completion(index, list(prompt), tokens[: end + 1], lps[: end + 1].tolist(), "stop")
+
+
+def stop_string_end(tokenizer: Any, tokens: list[int], stops: tuple[str, ...]) -> int | None:
+    """Index of the token whose decoding completes the first occurrence of a stop string."""
+    text = tokenizer.decode(tokens, skip_special_tokens=False)
+    if not any(s in text for s in stops):
+        return None
+    lo, hi = 0, len(tokens) - 1  # the shortest prefix whose text contains a stop string
+    while lo < hi:
+        mid = (lo + hi) // 2
+        prefix = tokenizer.decode(tokens[: mid + 1], skip_special_tokens=False)
+        if any(s in prefix for s in stops):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo

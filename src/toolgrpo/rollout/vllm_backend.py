@@ -307,9 +307,11 @@ def sampling_request(
         # vLLM would stop at max_model_len anyway; say so instead of relying on it.
         max_tokens=min(params.max_new_tokens, max_len - prompt_len),
         stop_token_ids=list(eos_ids),
+        stop=list(params.stop) or None,
+        include_stop_str_in_output=True,
         logprobs=0,  # the sampled token's only
         seed=seed,
-        detokenize=False,  # token ids are all we use
+        detokenize=bool(params.stop),  # stop strings are matched on text; else ids are all we use
     )
 
 
@@ -333,6 +335,8 @@ def _completion(index: int, prompt: list[int], out: Any, eos_ids: list[int]) -> 
         raise RuntimeError("vLLM returned no log-prob for some sampled token")
     lps = [float(pos[t].logprob) for pos, t in zip(out.logprobs, tokens, strict=True)]
     if out.finish_reason == "stop":
+        if isinstance(out.stop_reason, str):  # a stop string; its last token is kept
+            return Completion(index, list(prompt), tokens, lps, "stop")
         if not tokens or tokens[-1] not in eos_ids:
             raise RuntimeError(f"vLLM stopped without a stop token: {tokens[-3:]}")
         return Completion(index, list(prompt), tokens, lps, "stop")

@@ -88,6 +88,7 @@ class Trainer(RolloutStage):
             top_p=r.top_p,
             top_k=r.top_k,
             max_new_tokens=cfg.data.max_response_length,
+            stop=tuple(r.stop),
         )
         # A fixed policy sharing rollout duty (issue #5), off unless rollout_only.model_path is set.
         self.mixture = Mixture(cfg, self.tokenizer) if cfg.rollout_only.model_path else None
