@@ -7,6 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import math
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -152,6 +156,45 @@ def test_a_refused_request_stops_the_episodes_with_a_clear_error(agen, hf_policy
             asyncio.run(batcher.generate(too_long, 4))
     finally:
         batcher.close()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return "\nState:\tZ" not in f.read()  # a zombie has exited
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl(PR_SET_PDEATHSIG)")
+def test_the_engine_process_dies_with_a_killed_trainer():
+    """vLLM's engine core outlives a SIGKILLed parent (2.6 GB left running, seen by hand);
+    toolgrpo binds it to die with the process that started it."""
+    root = Path(__file__).resolve().parents[2]
+    child = subprocess.Popen(
+        [sys.executable, "-m", "tests.vllm.engine_child"],
+        cwd=root,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    seen: list[str] = []
+    pid = 0
+    try:
+        assert child.stdout is not None
+        for line in child.stdout:
+            seen = [*seen[-19:], line]
+            if line.startswith("ENGINE "):
+                pid = int(line.split()[1])
+                break
+        assert pid > 0 and _alive(pid), "no live engine pid from the child:\n" + "".join(seen)
+    finally:
+        child.kill()
+        child.wait(timeout=30)
+    deadline = time.time() + 30
+    while _alive(pid) and time.time() < deadline:
+        time.sleep(0.5)
+    assert not _alive(pid), f"engine process {pid} outlived its killed parent"
 
 
 def test_two_grpo_steps_with_the_async_engine(module_agen, tiny_data, tmp_path):

@@ -55,6 +55,7 @@ class _AsyncEngine:
     loop: asyncio.AbstractEventLoop
     thread: threading.Thread
     weights_dir: str
+    engine_pid: int = 0  # the engine core process, when it is bound to die with this one
     users: int = 0
     pushed_by: object = None
     pushed_version: int | None = None
@@ -101,10 +102,22 @@ def _engine_for(args: dict[str, Any]) -> _AsyncEngine:
             _stop_loop(loop, thread)
             raise
         eng = _AsyncEngine(key, llm, loop, thread, _weights_dir())
+        eng.engine_pid = _bind_to_this_process(eng)
         log.info("vLLM async engine ready in %.1f s (%s)", time.time() - t0, args["dtype"])
         _ENGINES[key] = eng
     eng.users += 1
     return eng
+
+
+def _bind_to_this_process(eng: _AsyncEngine) -> int:
+    """The engine core process dies with this one (see ``toolgrpo_exit_with_parent``)."""
+    (pid,) = eng.call(eng.llm.collective_rpc("toolgrpo_exit_with_parent", args=(os.getpid(),)))
+    if not pid:
+        log.warning(
+            "the vLLM engine process could not be bound to die with this one: if this process "
+            "is killed outright, kill the engine process (VLLM::EngineCore) by hand"
+        )
+    return int(pid)
 
 
 def _stop_loop(loop: asyncio.AbstractEventLoop, thread: threading.Thread) -> None:

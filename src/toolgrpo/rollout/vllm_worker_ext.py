@@ -23,3 +23,23 @@ class WeightSyncExtension:
         worker: Any = self
         reload_into_worker(worker, iter(weights.items()))
         return len(weights)
+
+    def toolgrpo_exit_with_parent(self, parent_pid: int) -> int:
+        """Have the kernel kill this engine process when the trainer process dies (Linux), so
+        a trainer killed outright (OOM, SIGKILL) leaves no engine holding gigabytes of memory:
+        vLLM's engine core otherwise outlives its parent. Returns this process's pid, or 0
+        when that cannot be arranged (not Linux, or the trainer is not the parent)."""
+        import ctypes
+        import os
+        import signal
+        import sys
+
+        if not sys.platform.startswith("linux") or os.getppid() != parent_pid:
+            return 0
+        pr_set_pdeathsig = 1
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(pr_set_pdeathsig, signal.SIGKILL) != 0:
+            return 0
+        if os.getppid() != parent_pid:  # the trainer died before the call took effect
+            os._exit(1)
+        return os.getpid()
