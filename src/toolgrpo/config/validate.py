@@ -64,12 +64,7 @@ def validate_train_config(cfg: TrainConfig) -> None:
                 "trainer.distributed.backend=ray does not combine with async_training.enable or "
                 "rollout_only.model_path yet: use the local backend for those"
             )
-        if r.mode == "async":
-            raise ConfigError(
-                "trainer.distributed.backend=ray does not run actor_rollout_ref.rollout.mode=async "
-                "yet (each worker would spawn an engine process from a Ray actor): use mode=sync "
-                "with Ray, or the local backend with mode=async"
-            )
+
     if r.name in ("vllm", "auto"):
         if r.tensor_model_parallel_size != 1:
             raise ConfigError(
