@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
 import subprocess
 import sys
 import time
@@ -40,13 +41,27 @@ def async_cfg(engine_cfg):
 
 @pytest.fixture(scope="module")
 def module_agen(async_cfg, hf_policy):
+    """Built with 1 torch thread here (as ``trainer.num_threads=1`` would set), which the engine
+    process should take unless OMP_NUM_THREADS says otherwise."""
     from toolgrpo.rollout.backends import make_generator
     from toolgrpo.rollout.vllm_async import AsyncVLLMGenerator
 
-    gen = make_generator(async_cfg, hf_policy)
+    threads, env = torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS")
+    torch.set_num_threads(1)
+    try:
+        gen = make_generator(async_cfg, hf_policy)
+    finally:
+        torch.set_num_threads(threads)
     assert isinstance(gen, AsyncVLLMGenerator)
+    assert os.environ.get("OMP_NUM_THREADS") == env  # set for the spawn only
     yield gen
     gen.close()
+
+
+def test_the_engine_process_takes_the_creators_thread_count(module_agen):
+    eng = module_agen._live()
+    assert eng.engine_pid > 0 and eng.engine_pid != os.getpid()
+    assert eng.engine_threads == int(os.environ.get("OMP_NUM_THREADS", "1"))
 
 
 @pytest.fixture

@@ -20,7 +20,8 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -56,6 +57,7 @@ class _AsyncEngine:
     thread: threading.Thread
     weights_dir: str
     engine_pid: int = 0  # the engine core process, when it is bound to die with this one
+    engine_threads: int = 0  # its torch threads
     users: int = 0
     pushed_by: object = None
     pushed_version: int | None = None
@@ -97,16 +99,39 @@ def _engine_for(args: dict[str, Any]) -> _AsyncEngine:
 
         t0 = time.time()
         try:
-            llm = asyncio.run_coroutine_threadsafe(start(), loop).result()
+            with _child_threads(torch.get_num_threads()):
+                llm = asyncio.run_coroutine_threadsafe(start(), loop).result()
         except BaseException:
             _stop_loop(loop, thread)
             raise
         eng = _AsyncEngine(key, llm, loop, thread, _weights_dir())
         eng.engine_pid = _bind_to_this_process(eng)
-        log.info("vLLM async engine ready in %.1f s (%s)", time.time() - t0, args["dtype"])
+        (eng.engine_threads,) = eng.call(eng.llm.collective_rpc("toolgrpo_threads"))
+        log.info(
+            "vLLM async engine ready in %.1f s (%s, pid %d, %d threads)",
+            time.time() - t0,
+            args["dtype"],
+            eng.engine_pid,
+            eng.engine_threads,
+        )
         _ENGINES[key] = eng
     eng.users += 1
     return eng
+
+
+@contextmanager
+def _child_threads(threads: int) -> Iterator[None]:
+    """The engine process is spawned and sizes its thread pool from ``OMP_NUM_THREADS`` (or
+    takes every core): give it this process's torch thread count (``trainer.num_threads``), as
+    the in-process engine gets, unless the user set ``OMP_NUM_THREADS`` themselves."""
+    if "OMP_NUM_THREADS" in os.environ:
+        yield
+        return
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    try:
+        yield
+    finally:
+        os.environ.pop("OMP_NUM_THREADS", None)
 
 
 def _bind_to_this_process(eng: _AsyncEngine) -> int:

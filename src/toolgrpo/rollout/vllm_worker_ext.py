@@ -24,6 +24,12 @@ class WeightSyncExtension:
         reload_into_worker(worker, iter(weights.items()))
         return len(weights)
 
+    def toolgrpo_threads(self) -> int:
+        """The engine process's torch thread count (what its CPU kernels run on)."""
+        import torch
+
+        return torch.get_num_threads()
+
     def toolgrpo_exit_with_parent(self, parent_pid: int) -> int:
         """Have the kernel kill this engine process when the trainer process dies (Linux), so
         a trainer killed outright (OOM, SIGKILL) leaves no engine holding gigabytes of memory:
