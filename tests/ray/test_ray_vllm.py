@@ -10,8 +10,9 @@ import os
 
 import pytest
 
-from tests.conftest import read_metrics, train_overrides
+from tests.conftest import read_metrics
 from tests.ray.conftest import all_finite, ray_overrides
+from tests.vllm.conftest import vllm_train_overrides
 
 pytestmark = pytest.mark.ray
 
@@ -33,25 +34,15 @@ def test_a_worker_on_the_async_engine_samples_the_trained_actor(ray_cluster, tin
 
     _need_vllm()
     out = tmp_path / "run"
-    extra = {
-        "actor_rollout_ref.rollout.name": "vllm",
-        "actor_rollout_ref.rollout.mode": "async",
-        "actor_rollout_ref.rollout.dtype": "float32",
-        "actor_rollout_ref.rollout.max_model_len": "1024",
-        "actor_rollout_ref.rollout.max_num_seqs": "8",
-        "actor_rollout_ref.rollout.cpu_kvcache_space_gb": "1",
-        "actor_rollout_ref.rollout.multi_turn.enable": "true",  # episodes through the batcher
-        "data.max_prompt_length": "256",
-        "data.max_response_length": "16",
-        # Two mini-batches: the actor recomputes old log-probs and logs their gap to vLLM's.
-        "actor_rollout_ref.actor.ppo_mini_batch_size": "1",
-        "actor_rollout_ref.actor.optim.lr": "1e-3",
-        "trainer.save_freq": "-1",
-        "trainer.resume": "disable",
-        "trainer.save_hf_model": "false",
-        **ray_overrides(1, **{"trainer.distributed.num_cpus_per_worker": "1"}),
-    }
-    overrides = train_overrides("smollm2-135m-toolrl", tiny_data, out, steps=2, **extra)
+    overrides = vllm_train_overrides(
+        tiny_data,
+        out,
+        **{
+            "actor_rollout_ref.rollout.mode": "async",
+            "actor_rollout_ref.rollout.multi_turn.enable": "true",  # episodes via the batcher
+            **ray_overrides(1, **{"trainer.distributed.num_cpus_per_worker": "1"}),
+        },
+    )
     trainer = Trainer(load_config(TrainConfig, None, overrides))
     try:
         trainer.fit()

@@ -30,6 +30,27 @@ ENGINE_OVERRIDES = {
 }
 
 
+def vllm_train_overrides(data, out, **extra: str) -> list[str]:
+    """A 2-step GRPO run of the shipped warm start (LoRA) sampled by vLLM: short responses, two
+    mini-batches (the actor recomputes old log-probs and logs their gap to vLLM's,
+    ``rollout/logprob_diff_mean``), a step size that visibly moves the adapter, no checkpoints."""
+    from tests.conftest import train_overrides
+
+    run = {
+        **ENGINE_OVERRIDES,
+        "actor_rollout_ref.rollout.name": "vllm",
+        "data.max_prompt_length": "256",
+        "data.max_response_length": "16",
+        "actor_rollout_ref.actor.ppo_mini_batch_size": "1",
+        "actor_rollout_ref.actor.optim.lr": "1e-3",
+        "trainer.save_freq": "-1",
+        "trainer.resume": "disable",
+        "trainer.save_hf_model": "false",
+        **extra,
+    }
+    return train_overrides("smollm2-135m-toolrl", data, out, steps=2, **run)
+
+
 def _need(ok: bool, why: str) -> None:
     if ok:
         return

@@ -16,8 +16,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import read_metrics, train_overrides
-from tests.vllm.conftest import BASE_VERSION, ENGINE_OVERRIDES, perturbed, recompute
+from tests.conftest import read_metrics
+from tests.vllm.conftest import (
+    BASE_VERSION,
+    ENGINE_OVERRIDES,
+    perturbed,
+    recompute,
+    vllm_train_overrides,
+)
 from toolgrpo.rollout.generator import GenerationError, SamplingParams
 
 pytestmark = pytest.mark.vllm
@@ -219,20 +225,14 @@ def test_two_grpo_steps_with_the_async_engine(module_agen, tiny_data, tmp_path):
     from toolgrpo.trainer.trainer import Trainer
 
     out = tmp_path / "run"
-    extra = {
-        **ENGINE_OVERRIDES,
-        "actor_rollout_ref.rollout.name": "vllm",
-        "actor_rollout_ref.rollout.mode": "async",
-        "actor_rollout_ref.rollout.multi_turn.enable": "true",  # episodes through the batcher
-        "data.max_prompt_length": "256",
-        "data.max_response_length": "16",
-        "actor_rollout_ref.actor.ppo_mini_batch_size": "1",
-        "actor_rollout_ref.actor.optim.lr": "1e-3",
-        "trainer.save_freq": "-1",
-        "trainer.resume": "disable",
-        "trainer.save_hf_model": "false",
-    }
-    overrides = train_overrides("smollm2-135m-toolrl", tiny_data, out, steps=2, **extra)
+    overrides = vllm_train_overrides(
+        tiny_data,
+        out,
+        **{
+            "actor_rollout_ref.rollout.mode": "async",
+            "actor_rollout_ref.rollout.multi_turn.enable": "true",  # episodes via the batcher
+        },
+    )
     trainer = Trainer(load_config(TrainConfig, None, overrides))
     try:
         gen = trainer.generator

@@ -9,8 +9,8 @@ import math
 import pytest
 import torch
 
-from tests.conftest import read_metrics, train_overrides
-from tests.vllm.conftest import ENGINE_OVERRIDES
+from tests.conftest import read_metrics
+from tests.vllm.conftest import vllm_train_overrides
 from toolgrpo.rollout.generator import SamplingParams
 
 pytestmark = pytest.mark.vllm
@@ -24,20 +24,7 @@ def test_two_grpo_steps_with_vllm_rollouts(session_gen, tiny_data, prompts, tmp_
     from toolgrpo.trainer.trainer import Trainer
 
     out = tmp_path / "run"
-    extra = {
-        **ENGINE_OVERRIDES,
-        "actor_rollout_ref.rollout.name": "vllm",
-        "data.max_prompt_length": "256",
-        "data.max_response_length": "16",
-        # Two mini-batches: old log-probs are recomputed by the actor and compared with vLLM's.
-        "actor_rollout_ref.actor.ppo_mini_batch_size": "1",
-        "actor_rollout_ref.actor.optim.lr": "1e-3",  # the adapter visibly moves in two steps
-        "trainer.save_freq": "-1",
-        "trainer.resume": "disable",
-        "trainer.save_hf_model": "false",
-    }
-    overrides = train_overrides("smollm2-135m-toolrl", tiny_data, out, steps=2, **extra)
-    trainer = Trainer(load_config(TrainConfig, None, overrides))
+    trainer = Trainer(load_config(TrainConfig, None, vllm_train_overrides(tiny_data, out)))
     try:
         gen = trainer.generator
         assert isinstance(gen, VLLMGenerator) and trainer.policy.is_lora
