@@ -162,6 +162,65 @@ def test_all_retries_fail_and_the_last_failure_stands(tok):
     assert ep.tool_errors == 3 and r.discarded_errors == 2
 
 
+class ScriptedEnv(Env):
+    """Replies to each step with the next scripted results; ``fatal`` marks the step at which
+    the environment itself dies (as a remote server would)."""
+
+    supports_snapshot = True
+    max_turns = 4
+
+    def __init__(self, replies: list[list[ToolResult]], fatal: int | None = None) -> None:
+        self.replies, self.fatal, self.steps = list(replies), fatal, 0
+
+    async def reset(self) -> EnvStart:
+        return EnvStart([{"role": "user", "content": "go"}], [])
+
+    async def step(self, calls: list[ToolCall]) -> list[ToolResult]:
+        self.steps += 1
+        if self.steps == self.fatal:
+            self.fatal_error = "server gone"
+        return self.replies.pop(0)
+
+    async def reward(self, transcript: Transcript) -> EnvReward:
+        return EnvReward(0.0)
+
+    def snapshot(self) -> None:
+        return None
+
+    def restore(self, state: Any) -> None:
+        pass
+
+
+BOOM = [ToolResult("boom", True, "exception", "div")]
+
+
+@pytest.mark.parametrize(
+    ("retry", "replies", "fatal", "recovered"),
+    [
+        (GOOD, [BOOM, [ToolResult("2.0", name="div")]], None, 1),
+        (ANSWER, [BOOM], None, 0),  # the retry ran no tool at all
+        (GOOD, [BOOM, [ToolResult("slow", True, "timeout", "div")]], None, 0),  # not rolled back
+        (GOOD, [BOOM, [ToolResult("gone", True, "transport", "div")]], 2, 0),  # env_error
+        (
+            GOOD,
+            [BOOM, [ToolResult("2.0", name="div"), ToolResult("late", True, "timeout")]],
+            None,
+            0,
+        ),
+    ],
+    ids=["succeeded", "no_tool_call", "timeout", "env_error", "one_timed_out"],
+)
+def test_recovered_means_the_retry_ran_tools_that_succeeded(tok, retry, replies, fatal, recovered):
+    """Pins issue #14 item 8: a retry counted as recovered whenever it did not match the
+    rollback rule, even one that called no tool or ended with the environment failing."""
+    from toolgrpo.trainer.episode_metrics import rollback_metrics
+
+    ep, _ = play(tok, {0: [BAD, retry], 1: [ANSWER]}, ScriptedEnv(replies, fatal))
+    assert (ep.rollback.rollbacks, ep.rollback.retries) == (1, 1)
+    assert ep.rollback.recovered == recovered
+    assert rollback_metrics([ep])["rollout/retry_success_rate"] == float(recovered)
+
+
 def test_no_rollback_without_a_policy_or_a_failure(tok):
     ep, gen = play(tok, {0: [BAD], 1: [ANSWER]}, div_env(), policy=None)
     assert ep.rollback.retries == 0 and not ep.negatives and len(gen.sampled) == 2
@@ -234,12 +293,138 @@ def test_failure_patterns_and_types():
     assert fails(ToolResult(tb))  # a code tool that printed a traceback and "succeeded"
     assert fails(ToolResult("ModuleNotFoundError: no module named y"))
     assert fails(ToolResult('{"error": "cd: nope: No such file or directory"}'))
-    assert fails(ToolResult("Error during execution: boom"))
+    assert fails(ToolResult("[{'error': 'User not authenticated.'}]"))  # BFCL's str() of a list
+    assert fails(ToolResult('{"error": 404}')) and fails(ToolResult('{"error": {"code": 1}}'))
     assert not fails(ToolResult("RESULT=5")) and not fails(ToolResult('{"result": "ok"}'))
-    custom = RollbackPolicy(patterns=(), error_types=frozenset({"timeout"}))
+    custom = RollbackPolicy(patterns=(), error_types=frozenset({"timeout"}), json_error_keys=())
     assert custom.failures([ToolResult("slow", True, "timeout"), ToolResult("Error: x")]) == [
         ToolResult("slow", True, "timeout")
     ]
+
+
+def test_default_patterns_do_not_catch_successes():
+    """Pins issue #14 item 4: the old defaults rolled these successes back (an unset error
+    field, a line or title starting with "Error", "Error:" inside ordinary text)."""
+    p = RollbackPolicy()
+    for text in (
+        '{"error": null, "value": 42}',
+        '{"error": "", "rows": []}',
+        '{"error": false}',
+        "[1] doc_id: ecc | Error correction codes\nError correction codes add redundancy.",
+        "[2] doc_id: band | Syntax Error\nTheir album Syntax Error: Live sold well.",
+        '{"last_lines": "No errors found. Error: Something went wrong. Final line."}',
+        "x = 3; the ValueError: clause is documented",
+        "Error during execution: boom",  # BFCL's wording: flagged (is_error) by the env itself
+        "Traceback (most recent call last) is how Python starts a traceback",  # prose, no frame
+    ):
+        assert not p.failures([ToolResult(text)]), text
+    for text in (
+        'Traceback (most recent call last):\n  File "x.py", line 1\nKeyError: 1',
+        'ok\nTraceback (most recent call last):\n  File "<stdin>", line 2, in <module>',
+        "ZeroDivisionError: division by zero",
+        "json.decoder.JSONDecodeError: Expecting value",
+        '{"error": "cd: x: No such directory"}',
+        "  {'error': 'Order with ID 9 not found.', 'orders': [1]}",
+    ):
+        assert p.failures([ToolResult(text)]), text
+
+
+def _run(env: Env, *calls: ToolCall) -> list[ToolResult]:
+    asyncio.run(env.reset())
+    return asyncio.run(env.step(list(calls)))
+
+
+def test_shipped_environments_successes_pass_and_failures_are_caught(tmp_path):
+    """Real outputs of every shipped environment that runs tools, against the defaults.
+    (RLLA runs no tool: it is single-turn and never rolled back.)"""
+    import json
+
+    from toolgrpo.envs.calculator import make_calculator_env
+    from toolgrpo.envs.rlla import RllaEnv
+    from toolgrpo.envs.search import make_search_env
+
+    p = RollbackPolicy()
+    calc = make_calculator_env(TASK, {})
+    ok = _run(
+        calc,
+        ToolCall("calculate", {"expression": "4817 * 293 - 1205"}),
+        ToolCall("calculate", {"expression": "sqrt(2) * 3"}),
+        ToolCall("solve", {"equation": "x^2 + 3x - 40 = 0"}),
+        ToolCall("solve", {"equation": "x^2 = -1"}),
+        ToolCall("solve", {"equation": "x = x"}),
+    )
+    assert [r.is_error for r in ok] == [False] * 5 and not p.failures(ok), ok
+    bad = _run(
+        calc,
+        ToolCall("calculate", {"expression": "1/0"}),
+        ToolCall("solve", {"equation": "import os"}),
+        ToolCall("calculate", {}),
+        ToolCall("nope", {}),
+        ToolCall("", parse_error="not JSON"),
+    )
+    assert p.failures(bad) == bad, bad
+
+    corpus = tmp_path / "c.jsonl"
+    docs = [
+        ("ecc", "Error correction codes", "Error correction codes add redundant bits."),
+        ("band", "Syntax Error", "Syntax Error: Live is an album. TypeError: a song."),
+    ]
+    corpus.write_text("\n".join(json.dumps({"id": i, "title": t, "text": x}) for i, t, x in docs))
+    for options in ({}, {"corpus": str(corpus)}):
+        env = make_search_env(TASK, options)
+        queries = ("mayor of Varneth", "Error correction codes", "Syntax Error album", "zzzqqq")
+        ok = _run(env, *(ToolCall("search", {"query": q}) for q in queries))
+        ok += _run(env, ToolCall("open_document", {"doc_id": "ecc" if options else "x"}))
+        ok = [r for r in ok if not r.is_error]  # the shipped corpus has no doc "x"
+        assert len(ok) >= 4 and not p.failures(ok), ok
+    assert "Error correction" in ok[1].text  # the title that the old defaults rolled back
+    bad = _run(env, ToolCall("search", {"query": " "}), ToolCall("open_document", {"doc_id": "q"}))
+    assert p.failures(bad) == bad, bad
+    assert RllaEnv.single_turn
+
+
+def test_bfcl_successes_pass_and_failures_are_caught():
+    """Every ground-truth call of BFCL's base category (all its simulators) is a success the
+    defaults leave alone (the old ones rolled back grep hits containing "Error:"); the
+    simulators' own error replies and the environment's flagged errors are caught."""
+    pytest.importorskip("bfcl_eval")
+    from tests.envs.test_bfcl import as_calls
+    from toolgrpo.envs._bfcl_data import entry_to_task, load_entries
+    from toolgrpo.envs.bfcl import BfclEnv
+
+    p = RollbackPolicy()
+    entries, classes, successes = load_entries("base"), set(), 0
+    for entry in entries:
+        env = BfclEnv(entry_to_task(entry, "test"))
+        asyncio.run(env.reset())
+        classes |= set(entry.involved_classes)
+        for turn in entry.ground_truth:
+            if turn:
+                results = asyncio.run(env.step(as_calls(env, turn)))
+                assert not any(r.is_error for r in results)
+                assert not p.failures(results), (entry.id, results)
+                successes += len(results)
+            asyncio.run(env.next_user_turn([]))
+    assert successes > 1000 and len(classes) >= 8
+
+    def first(cls: str) -> BfclEnv:
+        entry = next(e for e in entries if cls in e.involved_classes)
+        env = BfclEnv(entry_to_task(entry, "test"))
+        asyncio.run(env.reset())
+        return env
+
+    failures = {
+        "GorillaFileSystem": [ToolCall("cd", {"folder": "no_such_folder"})],
+        "TradingBot": [ToolCall("cancel_order", {"order_id": 987654})],
+        "MathAPI": [ToolCall("divide", {"a": 1, "b": 0})],
+        "VehicleControlAPI": [ToolCall("setHeadlights", {"mode": "disco"})],
+    }
+    for cls, calls in failures.items():
+        env = first(cls)
+        flagged = [ToolCall("no_such_tool", {}), ToolCall(calls[0].name, {"bogus": 1})]
+        results = asyncio.run(env.step(calls + flagged))
+        assert not results[0].is_error and results[0].text.lstrip().startswith("{"), results[0]
+        assert p.failures(results) == results, (cls, results)
 
 
 # ---- stateful environments ---------------------------------------------------------------------
@@ -311,7 +496,7 @@ def test_bfcl_file_system_is_restored(tok):
     batcher.close()
     assert ep.rollback.rollbacks == 1 and ep.rollback.recovered == 1
     neg = ep.negatives[0]
-    assert neg.error_types == ["pattern"] and "no_such_folder" in neg.error_messages[0]
+    assert neg.error_types == ["json_error"] and "no_such_folder" in neg.error_messages[0]
     fresh = BfclEnv(task)
     asyncio.run(fresh.reset())
     ls = ToolCall("ls", {}, id="c")

@@ -86,14 +86,17 @@ class ValKwargs:
     do_sample: bool = False
 
 
-# Searched in tool output that is not flagged as an error: a traceback, "ImportError: ...",
-# "Error: ...", BFCL's "Error during execution" and its simulators' {"error": ...} replies.
+# Searched in tool output that is not flagged as an error, so only what no success prints: a
+# Python traceback, or output that opens with an exception line ("ZeroDivisionError: ...").
+# Not "Error ..." anywhere (a search hit titled "Error correction codes" is a success).
 ROLLBACK_ERROR_PATTERNS = (
-    r"Traceback \(most recent call last\)",
-    r"\b\w*Error:",
-    r"(?m)^\s*Error\b",
-    r'^\s*\{\s*"error"\s*:',
+    r'(?m)^Traceback \(most recent call last\):\r?\n\s+File "',
+    r"\A\s*(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception):(?:\s|$)",
 )
+# Output that parses as a JSON object (or a list of them) whose field of one of these names holds
+# a non-empty value fails: BFCL's simulators reply {"error": "cd: ...: No such directory"};
+# {"error": null, "value": 42} is a success.
+ROLLBACK_ERROR_JSON_KEYS = ("error",)
 # Flagged errors that the model caused; timeouts may be the machine's, transport errors end the
 # episode anyway.
 ROLLBACK_ERROR_TYPES = ("parse", "unknown_tool", "invalid_arguments", "exception")
@@ -118,13 +121,19 @@ class MultiTurnConfig:
     max_tool_retries: int = 2  # re-samplings of one failing turn; then its last failure stands
     save_negative_samples: bool = True  # keep rolled-back attempts as extra group members
     max_negative_samples_per_group: int = 2  # over all n episodes of a task
-    negative_reward: float = -1.0  # the score of a negative sample
+    # The score of a negative sample; at most every environment's lowest reward (checked at
+    # startup against Env.reward_range). Its advantage is never positive (algos.advantages).
+    negative_reward: float = -1.0
     # A failed turn: a result flagged as an error of one of these types (tools.types.ERROR_TYPES),
     # or an ordinary result whose text matches one of these regexes (re.search).
     rollback_error_patterns: list[str] = field(
         default_factory=lambda: list(ROLLBACK_ERROR_PATTERNS)
     )
     rollback_error_types: list[str] = field(default_factory=lambda: list(ROLLBACK_ERROR_TYPES))
+    # ... or whose JSON carries a non-empty value under one of these keys ([] = off)
+    rollback_error_json_keys: list[str] = field(
+        default_factory=lambda: list(ROLLBACK_ERROR_JSON_KEYS)
+    )
 
 
 @dataclass

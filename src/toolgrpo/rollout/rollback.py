@@ -8,12 +8,18 @@ prefix is masked out, since the parent episode already carries those turns with 
 
 from __future__ import annotations
 
+import ast
+import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from toolgrpo.config.schema import ROLLBACK_ERROR_PATTERNS, ROLLBACK_ERROR_TYPES
+from toolgrpo.config.schema import (
+    ROLLBACK_ERROR_JSON_KEYS,
+    ROLLBACK_ERROR_PATTERNS,
+    ROLLBACK_ERROR_TYPES,
+)
 from toolgrpo.data.task import Task
 from toolgrpo.envs.base import Env
 from toolgrpo.envs.registry import EnvConfigError, EnvRouter
@@ -23,6 +29,7 @@ if TYPE_CHECKING:
     from toolgrpo.rollout.episode import Episode
 
 _EXCEPTION_NAME = re.compile(r"\b([A-Z]\w*(?:Error|Exception))\b")
+_MAX_STRUCTURED_CHARS = 100_000  # longer output is not parsed for an error field
 
 
 class SnapshotUnsupported(EnvConfigError):
@@ -53,6 +60,7 @@ class RollbackPolicy:
         default_factory=lambda: compile_patterns(ROLLBACK_ERROR_PATTERNS)
     )
     error_types: frozenset[str] = frozenset(ROLLBACK_ERROR_TYPES)
+    json_error_keys: tuple[str, ...] = ROLLBACK_ERROR_JSON_KEYS
 
     @classmethod
     def from_config(cls, mt: Any) -> RollbackPolicy | None:
@@ -67,11 +75,13 @@ class RollbackPolicy:
             negative_reward=float(mt.negative_reward),
             patterns=compile_patterns(mt.rollback_error_patterns),
             error_types=frozenset(mt.rollback_error_types),
+            json_error_keys=tuple(mt.rollback_error_json_keys),
         )
 
     def failures(self, results: Sequence[ToolResult]) -> list[ToolResult]:
         """Results that trigger a rollback: a flagged error of a listed type, or an ordinary
-        result whose text matches a pattern (a code tool may print a traceback and "succeed")."""
+        result whose text matches a pattern (a code tool may print a traceback and "succeed")
+        or whose JSON sets an error field (a simulator's ``{"error": "..."}`` reply)."""
         return [
             r
             for r in results
@@ -79,7 +89,31 @@ class RollbackPolicy:
         ]
 
     def _matches(self, text: str) -> bool:
-        return any(p.search(text) for p in self.patterns)
+        return any(p.search(text) for p in self.patterns) or json_error(text, self.json_error_keys)
+
+
+def json_error(text: str, keys: Sequence[str]) -> bool:
+    """True when ``text`` is a JSON object (or a non-empty list of them) with a non-empty value
+    under one of ``keys``: null, false, 0, "" and empty containers mean "no error". Python
+    literals are read too, since BFCL shows results that JSON cannot encode with ``str``."""
+    t = text.strip()
+    if not keys or not t or t[0] not in "{[" or len(t) > _MAX_STRUCTURED_CHARS:
+        return False
+    try:
+        value = json.loads(t)
+    except ValueError:
+        try:
+            value = ast.literal_eval(t)
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+            return False
+    items = value if isinstance(value, list) else [value]
+    return bool(items) and all(
+        isinstance(x, dict) and any(_is_set(x.get(k)) for k in keys) for x in items
+    )
+
+
+def _is_set(value: Any) -> bool:
+    return bool(value.strip()) if isinstance(value, str) else bool(value)
 
 
 @dataclass
@@ -125,7 +159,7 @@ class RollbackStats:
 
     rollbacks: int = 0  # turns rolled back at least once
     retries: int = 0  # re-sampled attempts
-    recovered: int = 0  # rolled-back turns whose last attempt did not fail
+    recovered: int = 0  # rolled-back turns whose last attempt ran tools that all succeeded
     discarded_calls: int = 0
     discarded_errors: int = 0
 
@@ -145,7 +179,7 @@ def _error_type(r: ToolResult) -> str:
     if r.is_error and r.error_type:
         return r.error_type
     m = _EXCEPTION_NAME.search(r.text)
-    return m.group(1) if m else "pattern"
+    return m.group(1) if m else "json_error" if r.text.lstrip()[:1] in ("{", "[") else "pattern"
 
 
 def negative_sample(
@@ -187,7 +221,7 @@ class TurnGuard:
         self.budget = budget
         self._cp: Checkpoint | None = None
         self._attempts = 0  # rollbacks of the current turn
-        self._failed = False  # the current attempt's tools failed
+        self._ok = False  # the current attempt ran tools and all of them succeeded
         self._rewound = False
 
     async def begin_turn(self, ep: Episode, env: Env, stream_text: str) -> None:
@@ -197,13 +231,13 @@ class TurnGuard:
             self._cp = Checkpoint(
                 len(ep.response_ids), ep.num_turns, len(ep.messages), stream_text, state
             )
-        self._rewound, self._failed = False, False
+        self._rewound, self._ok = False, False
 
     async def after_tools(
         self, ep: Episode, env: Env, calls: Sequence[ToolCall], results: Sequence[ToolResult]
     ) -> str | None:
         failed = self.policy.failures(results)
-        self._failed = bool(failed)
+        self._ok = bool(results) and not failed and not any(r.is_error for r in results)
         cp = self._cp
         if not failed or cp is None or env.fatal_error or self._attempts >= self.policy.max_retries:
             return None
@@ -223,9 +257,12 @@ class TurnGuard:
         self._settle(ep)
 
     def _settle(self, ep: Episode) -> None:
-        if self._attempts and not self._failed:
+        """Recovered: the turn was rolled back and its last attempt ran at least one tool call,
+        none of whose results is an error (of any type) or a failure by the patterns. A retry
+        that calls no tool, or one ended by the environment, did not recover."""
+        if self._attempts and self._ok:
             ep.rollback.recovered += 1
-        self._attempts, self._failed, self._cp = 0, False, None
+        self._attempts, self._ok, self._cp = 0, False, None
 
 
 def rewind(ep: Episode, cp: Checkpoint) -> None:
@@ -260,6 +297,42 @@ def check_snapshot_support(router: EnvRouter, tasks: Sequence[Task]) -> None:
         if env.single_turn or env.supports_snapshot or env.snapshot_known_at_reset:
             continue
         raise SnapshotUnsupported(unsupported_message(task_type, env, router.spec(task_type).type))
+
+
+class NegativeRewardTooHigh(EnvConfigError):
+    """``negative_reward`` above the worst score an environment gives: a rolled-back attempt
+    would be ranked above a real failure."""
+
+
+def check_negative_reward(router: EnvRouter, tasks: Sequence[Task], negative_reward: float) -> None:
+    """At startup, when negatives are kept: per task type that runs tools, ``negative_reward``
+    must not exceed the lowest score of the environment's declared ``reward_range``. Types whose
+    range is unknown (None) are not checked; their negatives' advantages are still clamped <= 0.
+    An environment that fails to build is skipped here (the episode loop reports it)."""
+    by_type: dict[str, list[Task]] = {}
+    for t in tasks:
+        by_type.setdefault(t.task_type, []).append(t)
+    for task_type, group in sorted(by_type.items()):
+        env = _first_env(router, group)
+        if env is None or env.single_turn or env.reward_range is None:
+            continue
+        low = float(env.reward_range[0])
+        if negative_reward > low:
+            raise NegativeRewardTooHigh(
+                f"actor_rollout_ref.rollout.multi_turn.negative_reward={negative_reward:g} is "
+                f"above the lowest reward ({low:g}) of task type {task_type!r} "
+                f"({type(env).__name__}, rewards in [{low:g}, {env.reward_range[1]:g}]): a failed "
+                f"attempt would outrank a real failure; set negative_reward <= {low:g}"
+            )
+
+
+def _first_env(router: EnvRouter, tasks: Sequence[Task]) -> Env | None:
+    for task in tasks:
+        try:
+            return router.make(task)
+        except Exception:  # a bad row: the next one of its type tells us the range
+            continue
+    return None
 
 
 def unsupported_message(task_type: str, env: Env, env_type: str = "") -> str:
