@@ -1,5 +1,6 @@
 """Negative samples in training: extra rows in their parent's GRPO group, scored
-``negative_reward``, each with its own advantage over the expanded group (G + k members)."""
+``negative_reward``, kept out of the group's baseline (mean and std of the real members) and
+never given a positive advantage (issue #14 item 3)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from toolgrpo.rollout.rollback import NegativeSample
 from toolgrpo.trainer.batch import minibatch_indices, negative_parents
 from toolgrpo.trainer.episode_metrics import episode_metrics
 from toolgrpo.trainer.episodes import EpisodeRunner
+from toolgrpo.trainer.metrics import batch_metrics, negative_metrics
 from toolgrpo.trainer.trainer import Trainer
 
 KEY = "actor_rollout_ref.rollout.multi_turn."
@@ -63,7 +65,7 @@ def runner(cfg: TrainConfig) -> EpisodeRunner:
     return EpisodeRunner(cfg, None, SimpleNamespace(pad_token_id=0), EnvRouter())
 
 
-def test_grpo_over_the_expanded_group_matches_hand_computation():
+def test_grpo_with_negatives_matches_hand_computation():
     rewards = [1.0, 0.0, 1.0, 1.0, 0.0, 0.0, 1.0, 0.5]  # G = 8 in group "a"
     negs = [negative("a", 3, [40, 41]), negative("a", 0, [50])]
     eps = [episode("a", r) for r in rewards]
@@ -81,13 +83,15 @@ def test_grpo_over_the_expanded_group_matches_hand_computation():
         response_mask_BT=batch.response_mask_BR,
         uids=batch.uids,
         token_rewards_BT=token_rewards,
+        is_negative_B=batch.is_negative,
     )
-    group_a = rewards + [-2.0, -2.0]  # G + k = 10 members, each its own advantage
-    mean, std = fmean(group_a), stdev(group_a)
+    mean, std = fmean(rewards), stdev(rewards)  # the 8 real members only
+    std_group = stdev(rewards + [-2.0, -2.0])  # the negatives' scale: the whole group
+    expected = [(r - mean) / (std + 1e-6) for r in rewards] + [(-2.0 - mean) / std_group] * 2
     rows_a = [*range(8), 10, 11]
-    for i, s in zip(rows_a, group_a, strict=True):
+    for i, a in zip(rows_a, expected, strict=True):
         mask = batch.response_mask_BR[i].bool()
-        assert torch.allclose(adv[i][mask], torch.tensor((s - mean) / (std + 1e-6)), atol=1e-6)
+        assert torch.allclose(adv[i][mask], torch.tensor(a), atol=1e-6)
         assert bool((adv[i][~mask] == 0).all())  # the negative's prefix is not trained
     b_mean, b_std = 0.5, stdev([1.0, 0.0])
     assert adv[8][0].item() == pytest.approx((1.0 - b_mean) / (b_std + 1e-6))
@@ -96,6 +100,57 @@ def test_grpo_over_the_expanded_group_matches_hand_computation():
     assert batch.rollout_logprobs_BR[10, :5].tolist() == [0.0, 0.0, 0.0, -0.5, -0.5]
     # Mini-batches keep a group and its negatives together.
     assert minibatch_indices(batch.uids, 1) == [rows_a, [8, 9]]
+
+
+def test_trainer_keeps_negatives_out_of_the_baseline_and_reports_them_apart():
+    """Pins issue #14 item 3 in the trainer: ``Trainer.compute_advantages`` passes
+    ``batch.is_negative`` (4 failed episodes + 1 negative gave each failure +0.447), and
+    ``reward/mean`` counted the negatives' -1 as if an environment had scored them."""
+    eps = [episode("a", 0.0) for _ in range(4)]
+    eps[1].negatives = [negative("a", 1, [40, 41])]
+    eps += [episode("b", r) for r in (1.0, 1.0, 1.0, 0.0)]
+    batch, _ = runner(config()).to_batch(eps)
+    assert batch.is_negative == [False] * 8 + [True]
+    stub = SimpleNamespace(cfg=config(), kl_ctrl=None)
+    metrics = Trainer.compute_advantages(stub, batch)
+    per_row = [float(batch.advantages_BR[i][batch.response_mask_BR[i].bool()][0]) for i in range(9)]
+    assert per_row[:4] == [0.0] * 4  # all failed: no signal, and no lift from the negative
+    assert per_row[8] == pytest.approx(-(5**0.5))  # -1 / std(0, 0, 0, 0, -1)
+    assert per_row[4:8] == pytest.approx([0.5, 0.5, 0.5, -1.5], abs=1e-5)  # group b untouched
+    assert metrics["rollout/negative_rows"] == 1.0
+    assert metrics["rollout/negative_advantage_mean"] == pytest.approx(-(5**0.5))
+    assert metrics["rollout/negative_zero_advantage_frac"] == 0.0
+    m = batch_metrics(batch, {}, metrics, 0)
+    assert m["reward/mean"] == 0.375 and m["reward/min"] == 0.0  # 8 real episodes, not -1
+    assert m["reward/groups_all_equal_frac"] == 0.5 and m["batch/size"] == 9
+    assert negative_metrics(runner(config()).to_batch(eps[4:])[0]) == {}
+
+
+def test_startup_refuses_negative_reward_above_the_worst_real_reward():
+    """Only when rollback keeps negatives, and only for environments that declare their range
+    (calculator, search, BFCL: [0, 1]); single-turn and unknown-range types are not checked."""
+    from toolgrpo.rollout.rollback import NegativeRewardTooHigh
+
+    calc = Task("c", ({"role": "user", "content": "1+1"},), "2", "test", "calculator")
+    rlla = Task("r", ({"role": "user", "content": "hi"},), "[]", "test", "rlla")
+    div = Task("d", ({"role": "user", "content": "x"},), "2", "test", "div")
+    envs = f"{KEY}envs"
+    spec = "{div: {type: test_div}}"
+    for value in ("-1.0", "0.0"):
+        cfg = config(**{f"{KEY}negative_reward": value, envs: spec})
+        EpisodeRunner(cfg, None, None, EnvRouter({"div": {"type": "test_div"}})).check(
+            [calc, rlla, div]
+        )
+    cfg = config(**{f"{KEY}negative_reward": "0.5"})
+    with pytest.raises(NegativeRewardTooHigh, match=r"negative_reward=0.5 is above the lowest "
+                       r"reward \(0\) of task type 'calculator'.*<= 0"):  # fmt: skip
+        runner(cfg).check([rlla, calc])
+    for off in ("save_negative_samples", "enable_tool_rollback"):
+        cfg = config(**{f"{KEY}negative_reward": "0.5", f"{KEY}{off}": "false"})
+        runner(cfg).check([calc])
+    # The div env declares no range: a negative above its rewards is only clamped (<= 0).
+    cfg = config(**{f"{KEY}negative_reward": "5.0"})
+    EpisodeRunner(cfg, None, None, EnvRouter({"div": {"type": "test_div"}})).check([div, rlla])
 
 
 def test_negatives_are_left_out_when_not_kept():
@@ -196,6 +251,10 @@ def test_trainer_step_trains_on_negatives(make_train_config, tmp_path, tiny_mode
     (rec,) = read_metrics(out)
     ((uids, is_neg, adv),) = seen
     assert rec["rollout/negative_samples"] == sum(is_neg) >= 1 and rec["batch/size"] == len(uids)
+    assert (
+        rec["rollout/negative_rows"] == sum(is_neg) and rec["rollout/negative_advantage_mean"] < 0
+    )
+    assert rec["reward/min"] >= 0.0  # reward/* are the real episodes': no -1 from a negative
     for i in (i for i, n in enumerate(is_neg) if n):
         assert uids.count(uids[i]) == 3  # n = 2 episodes + the group's one negative
         assert adv[i].min() < 0  # scored -1 against episodes that recovered and answered

@@ -2,7 +2,9 @@
 
 Every estimator returns ``(advantages_BT, returns_BT)``; positions with response mask 0 are 0.
 Outcome estimators take one scalar score per sample and a ``uids`` sequence: samples sharing a
-uid (the rollouts of one prompt) form a group, in any order in the batch.
+uid (the rollouts of one prompt) form a group, in any order in the batch. They also take an
+optional ``is_negative_B`` (rolled-back attempts, issue #14): negatives never enter their group's
+baseline and never get a positive advantage (``_negative_advantages``).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ __all__ = [
 ]
 
 AdvEstimator = Callable[..., tuple[torch.Tensor, torch.Tensor]]
+Flags = Sequence[bool] | torch.Tensor
 _ADV_ESTIMATORS: dict[str, AdvEstimator] = {}
 
 
@@ -83,6 +86,47 @@ def _broadcast(
     return adv_BT, adv_BT.clone()
 
 
+def _negative_flags(is_negative_B: Flags | None, n: int) -> list[bool]:
+    """One flag per sample; ``None`` or an empty sequence means no negatives."""
+    if is_negative_B is None or len(is_negative_B) == 0:
+        return [False] * n
+    flags = [
+        bool(x)
+        for x in (is_negative_B.tolist() if torch.is_tensor(is_negative_B) else is_negative_B)
+    ]
+    if len(flags) != n:
+        raise ValueError(f"got {len(flags)} is_negative_B flags for {n} scores")
+    return flags
+
+
+def _split(idx: list[int], flags: list[bool]) -> tuple[list[int], list[int]]:
+    """A group's real members and its negatives."""
+    return [i for i in idx if not flags[i]], [i for i in idx if flags[i]]
+
+
+def _negative_advantages(
+    s64: torch.Tensor, real: list[int], neg: list[int], scale: bool
+) -> torch.Tensor:
+    """A negative's advantage: its gap to the real members' mean, never positive.
+
+    The baseline is the mean of the group's REAL members only, so negatives never move the real
+    members' advantages. With ``scale`` (GRPO's std division) the gap is divided by the std of the
+    whole group, negatives included: it is > 0 whenever a negative differs from the real members
+    (so a group whose real members all scored the same still trains its negative), and it bounds
+    |A| by sqrt(group size) where the real members' std alone could be ~0 and blow the gap up.
+    The clamp at 0: a rolled-back attempt is a failure by construction and must never be
+    reinforced, even if every real member scored below ``negative_reward``. A group with no real
+    member has no baseline: its negatives get 0.
+    """
+    if not real:
+        return torch.zeros(len(neg), dtype=s64.dtype)
+    gap = s64[neg] - s64[real].mean()
+    if scale:
+        std = s64[real + neg].std() if len(real) + len(neg) > 1 else s64.new_tensor(0.0)
+        gap = gap / std if bool(std > 0) else torch.zeros_like(gap)
+    return gap.clamp(max=0.0)
+
+
 @register_adv_estimator("grpo")
 @torch.no_grad()
 def compute_grpo_advantages(
@@ -91,17 +135,26 @@ def compute_grpo_advantages(
     uids: Sequence[Hashable],
     norm_adv_by_std_in_grpo: bool = True,
     epsilon: float = 1e-6,
+    is_negative_B: Flags | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """GRPO: A_i = (s_i - mean_g) / (std_g + eps) with unbiased std, or s_i - mean_g (Dr.GRPO).
 
     Trap (verl semantics): a singleton group uses mean 0 / std 1, so its advantage is the RAW
     score s/(1+eps), not 0. A group whose scores are all equal gets exactly 0. Returns == advs.
+    mean_g and std_g are over the group's real members; negatives (``is_negative_B``) get
+    ``_negative_advantages``.
     """
     groups = _groups(scores_B, uids)
+    flags = _negative_flags(is_negative_B, scores_B.shape[0])
     s64 = scores_B.detach().to(torch.float64)
     adv = torch.zeros_like(s64)
-    for idx in groups.values():
+    for members in groups.values():
+        idx, neg = _split(members, flags)
+        if neg:
+            adv[neg] = _negative_advantages(s64, idx, neg, norm_adv_by_std_in_grpo)
         s = s64[idx]
+        if len(idx) == 0:
+            continue
         if len(idx) == 1:
             mean, std = 0.0, 1.0
         elif bool((s == s[0]).all()):
@@ -118,28 +171,46 @@ def compute_dr_grpo_advantages(
     response_mask_BT: torch.Tensor,
     uids: Sequence[Hashable],
     epsilon: float = 1e-6,
+    is_negative_B: Flags | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Dr.GRPO: GRPO without the std division (A = s - mean_g), to avoid difficulty bias."""
+    """Dr.GRPO: GRPO without the std division (A = s - mean_g), to avoid difficulty bias; a
+    negative gets min(0, s - mean of the real members)."""
     return compute_grpo_advantages(
-        scores_B, response_mask_BT, uids, norm_adv_by_std_in_grpo=False, epsilon=epsilon
+        scores_B,
+        response_mask_BT,
+        uids,
+        norm_adv_by_std_in_grpo=False,
+        epsilon=epsilon,
+        is_negative_B=is_negative_B,
     )
 
 
 @register_adv_estimator("rloo")
 @torch.no_grad()
 def compute_rloo_advantages(
-    scores_B: torch.Tensor, response_mask_BT: torch.Tensor, uids: Sequence[Hashable]
+    scores_B: torch.Tensor,
+    response_mask_BT: torch.Tensor,
+    uids: Sequence[Hashable],
+    is_negative_B: Flags | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """RLOO: A_i = s_i - mean of the others = n/(n-1) (s_i - mean_g).
 
     Trap (verl ``rloo``): a singleton group has no leave-one-out baseline, so A = raw score.
+    "The others" are the real members only; a negative is none of them, so its baseline is the
+    mean of all real members: A = min(0, s - mean of the real members).
     """
     groups = _groups(scores_B, uids)
+    flags = _negative_flags(is_negative_B, scores_B.shape[0])
     s64 = scores_B.detach().to(torch.float64)
     adv = torch.zeros_like(s64)
-    for idx in groups.values():
+    for members in groups.values():
+        idx, neg = _split(members, flags)
+        if neg:
+            adv[neg] = _negative_advantages(s64, idx, neg, scale=False)
         s = s64[idx]
         n = len(idx)
+        if n == 0:
+            continue
         if n == 1:
             adv[idx] = s
         elif not bool((s == s[0]).all()):
@@ -236,11 +307,14 @@ def compute_advantages(
     gamma: float = 1.0,
     lam: float = 1.0,
     norm_adv_by_std_in_grpo: bool = True,
+    is_negative_B: Flags | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Single trainer entry point: run estimator ``name`` with the arguments it declares.
 
     Each argument is passed only if the estimator's signature names it. If ``token_rewards_BT``
-    is None it is built from ``scores_B`` with ``token_level_rewards``.
+    is None it is built from ``scores_B`` with ``token_level_rewards``. A batch with negatives
+    is refused by an estimator that does not declare ``is_negative_B``: it would rank them as
+    real members and shift its baselines.
     """
     fn = get_adv_estimator(name)
     if token_rewards_BT is None:
@@ -254,12 +328,19 @@ def compute_advantages(
         "gamma": gamma,
         "lam": lam,
         "norm_adv_by_std_in_grpo": norm_adv_by_std_in_grpo,
+        "is_negative_B": is_negative_B,
     }
     params = inspect.signature(fn).parameters
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
         kwargs = available
     else:
         kwargs = {k: v for k, v in available.items() if k in params}
+    has_negatives = is_negative_B is not None and any(bool(x) for x in is_negative_B)
+    if has_negatives and "is_negative_B" not in kwargs:
+        raise ValueError(
+            f"advantage estimator {name!r} does not take is_negative_B, but the batch has negative "
+            "samples: turn actor_rollout_ref.rollout.multi_turn.save_negative_samples off"
+        )
     if "values_BT" in params and values_BT is None:
         raise ValueError(f"advantage estimator {name!r} needs values_BT (a critic)")
     for key in ("gamma", "lam"):

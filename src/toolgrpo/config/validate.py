@@ -117,6 +117,20 @@ def validate_train_config(cfg: TrainConfig) -> None:
     )
     _positive(mt.max_tokens_per_turn, "actor_rollout_ref.rollout.multi_turn.max_tokens_per_turn")
     _check_rollback(mt)
+    keeps_negatives = (
+        mt.enable_tool_rollback
+        and mt.max_tool_retries > 0
+        and mt.save_negative_samples
+        and mt.max_negative_samples_per_group > 0
+    )
+    if alg.adv_estimator == "gae" and keeps_negatives:
+        # A negative's reward is a label, not a return: the critic would learn it as the value
+        # of states real episodes also visit, and GAE would bootstrap the real rows from it.
+        raise ConfigError(
+            "algorithm.adv_estimator=gae cannot train on negative samples (their negative_reward "
+            "is not a return the critic should learn): set actor_rollout_ref.rollout.multi_turn."
+            "save_negative_samples=false or use grpo, dr_grpo or rloo"
+        )
     if cfg.async_training.staleness_threshold < 0:
         raise ConfigError("async_training.staleness_threshold must be >= 0")
     if a.use_kl_loss and alg.use_kl_in_reward:

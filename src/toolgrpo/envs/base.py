@@ -45,6 +45,9 @@ class Env(ABC):
     # Set by an environment that can no longer serve the episode (e.g. its server died): the
     # episode loop stops it with stop reason "env_error" and the configured error reward.
     fatal_error: str | None = None
+    # (lowest, highest) score ``reward`` can return, None if unknown. Rollback's negatives must not
+    # score above the lowest (EpisodeRunner.check): a failed attempt would outrank a real failure.
+    reward_range: tuple[float, float] | None = None
 
     @abstractmethod
     async def reset(self) -> EnvStart: ...

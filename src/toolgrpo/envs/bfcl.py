@@ -72,6 +72,7 @@ class _State:
 
 class BfclEnv(Env):
     supports_snapshot = True
+    reward_range = (0.0, 1.0)  # the fraction of turns passed in order
 
     def __init__(self, task: Task, options: BfclOptions | None = None) -> None:
         self.task = task

@@ -84,6 +84,7 @@ class RemoteEnv(Env):
     """Proxies one episode to a server session; ``max_turns`` stays the router's (from config)."""
 
     snapshot_known_at_reset = True
+    reward_range = None  # the server's reward is unknown here (and error_reward may be anything)
 
     def __init__(self, task: Task, options: RemoteOptions) -> None:
         self.task = task

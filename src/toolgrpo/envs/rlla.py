@@ -18,7 +18,8 @@ from toolgrpo.tools.types import ToolCall, ToolResult
 
 
 class RllaEnv(Env):
-    single_turn = True
+    single_turn = True  # no tool runs, so no rollback and no negatives
+    reward_range = None  # format + correctness (+ length): the bounds move with flags and step
 
     def __init__(self, task: Task, flags: RllaFlags | None = None) -> None:
         self.task = task

@@ -232,4 +232,5 @@ def make_search_env(task: Task, options: Mapping[str, Any]) -> ToolEnv:
         lambda t: search_reward(t, task.ground_truth),
         timeout_s=float(options.get("timeout_s", 10.0)),
         stateless=True,  # pure tools: rollback needs no state saved
+        reward_range=(0.0, 1.0),  # token F1
     )

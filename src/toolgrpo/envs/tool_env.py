@@ -38,6 +38,7 @@ class ToolEnv(Env):
         timeout_s: float | None = 10.0,
         max_parallel: int | None = None,
         stateless: bool = False,
+        reward_range: tuple[float, float] | None = None,
     ) -> None:
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
@@ -55,6 +56,8 @@ class ToolEnv(Env):
         # Tools that keep no state (pure functions, read-only lookups) make a snapshot free,
         # which is all tool rollback needs; tools with side effects need an Env of their own.
         self.supports_snapshot = stateless
+        # What reward_fn can return (a failing reward_fn scores 0: include 0); None = unknown.
+        self.reward_range = reward_range
 
     async def reset(self) -> EnvStart:
         # A deep copy: the episode loop appends to and may edit its messages.

@@ -18,7 +18,11 @@ from toolgrpo.rollout.batcher import GenerationBatcher
 from toolgrpo.rollout.episode import Episode
 from toolgrpo.rollout.generator import Generator, SamplingParams
 from toolgrpo.rollout.multi_turn import Condition, EpisodeLimits, play_tasks
-from toolgrpo.rollout.rollback import RollbackPolicy, check_snapshot_support
+from toolgrpo.rollout.rollback import (
+    RollbackPolicy,
+    check_negative_reward,
+    check_snapshot_support,
+)
 from toolgrpo.trainer.batch import Batch, collate_episodes
 
 
@@ -61,10 +65,14 @@ class EpisodeRunner:
 
     def check(self, tasks: Sequence[Task]) -> None:
         """At startup: an environment for every task type, and one that can snapshot its state
-        for every type that runs tools when rollback is on."""
+        for every type that runs tools when rollback is on; when negatives are kept, a
+        ``negative_reward`` no higher than any environment's lowest reward."""
         self.router.check({t.task_type for t in tasks})
         if self.rollback is not None:
             check_snapshot_support(self.router, tasks)
+            rb = self.rollback
+            if rb.save_negatives and rb.max_negatives_per_group > 0:
+                check_negative_reward(self.router, tasks, rb.negative_reward)
 
     def play(
         self,

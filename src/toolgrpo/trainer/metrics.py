@@ -25,8 +25,13 @@ def group_stats(uids: Sequence[str], totals: Sequence[float]) -> dict[str, float
 def batch_metrics(
     batch: Batch, timing: dict[str, float], extra: dict[str, float], epoch: int
 ) -> dict[str, float]:
-    """What every step logs, single- or multi-turn: rewards, advantages, sizes, timings."""
-    totals = batch.scores_B.tolist() if batch.scores_B is not None else [0.0]
+    """What every step logs, single- or multi-turn: rewards, advantages, sizes, timings.
+    ``reward/*`` describe real rollouts: negative samples (scored ``negative_reward``, not by
+    an environment) are left out and reported by ``negative_metrics``."""
+    scores = batch.scores_B.tolist() if batch.scores_B is not None else []
+    real = [i for i in range(len(scores)) if not (batch.is_negative and batch.is_negative[i])]
+    totals = [scores[i] for i in real] or [0.0]
+    uids = [batch.uids[i] for i in real] or [""]
     resp = batch.response_mask_BR.sum(1)
     adv = (
         batch.advantages_BR[batch.response_mask_BR.bool()]
@@ -47,17 +52,35 @@ def batch_metrics(
         "critic/advantages/min": float(adv.min()) if adv is not None and adv.numel() else 0.0,
         "batch/size": float(batch.size),
         "batch/empty_responses": float((resp == 0).sum()),
-        **group_stats(batch.uids, totals),
+        **group_stats(uids, totals),
         **timing,
         **extra,
     }
     by_type: dict[str, list[float]] = defaultdict(list)
-    for t, s in zip(batch.task_types, totals, strict=True):
-        by_type[t].append(s)
+    for i in real:
+        by_type[batch.task_types[i]].append(scores[i])
     if len(by_type) > 1:
         for t, vals in by_type.items():
             m[f"reward/{t}/mean"] = fmean(vals)
     return _floats(m)
+
+
+def negative_metrics(batch: Batch) -> dict[str, float]:
+    """Negative samples' rows after advantages: how many, and the advantages they got (each
+    row's one value, read from its trained tokens). ``negative_zero_advantage_frac`` counts those
+    clamped to 0 or left without a baseline: they train nothing."""
+    rows = [i for i, neg in enumerate(batch.is_negative) if neg]
+    if not rows or batch.advantages_BR is None:
+        return {"rollout/negative_rows": float(len(rows))} if rows else {}
+    mask = batch.response_mask_BR[rows] != 0
+    per_row = (batch.advantages_BR[rows] * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+    vals = [float(v) for v in per_row]
+    return {
+        "rollout/negative_rows": float(len(rows)),
+        "rollout/negative_advantage_mean": fmean(vals),
+        "rollout/negative_advantage_min": min(vals),
+        "rollout/negative_zero_advantage_frac": fmean(float(v == 0.0) for v in vals),
+    }
 
 
 def completion_metrics(

@@ -42,7 +42,7 @@ from toolgrpo.trainer.actor import Actor
 from toolgrpo.trainer.batch import Batch
 from toolgrpo.trainer.episode_metrics import episode_metrics
 from toolgrpo.trainer.episodes import EpisodeRunner, make_router
-from toolgrpo.trainer.metrics import batch_metrics
+from toolgrpo.trainer.metrics import batch_metrics, negative_metrics
 from toolgrpo.trainer.replay import AsyncRollout
 from toolgrpo.trainer.rollout_stage import Rolled, RolloutStage
 from toolgrpo.trainer.sampler import TaskSampler
@@ -276,7 +276,9 @@ class Trainer(RolloutStage):
             gamma=alg.gamma,
             lam=alg.lam,
             norm_adv_by_std_in_grpo=alg.norm_adv_by_std_in_grpo,
+            is_negative_B=batch.is_negative,  # rolled-back attempts stay out of the baselines
         )
+        metrics.update(negative_metrics(batch))
         return metrics
 
     def validate(self, step: int) -> dict[str, float]:
