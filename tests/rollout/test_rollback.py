@@ -329,6 +329,23 @@ def test_default_patterns_do_not_catch_successes():
         assert p.failures([ToolResult(text)]), text
 
 
+def test_json_error_keys_come_from_the_config():
+    from toolgrpo.config.loader import load_config
+    from toolgrpo.config.schema import TrainConfig
+
+    key = "actor_rollout_ref.rollout.multi_turn."
+    base = [f"{key}enable=true", f"{key}enable_tool_rollback=true"]
+    for extra, keys in (
+        ([], ("error",)),
+        ([f"{key}rollback_error_json_keys=[err, fault]"], ("err", "fault")),
+        ([f"{key}rollback_error_json_keys=[]"], ()),
+    ):
+        mt = load_config(TrainConfig, None, base + extra).actor_rollout_ref.rollout.multi_turn
+        p = RollbackPolicy.from_config(mt)
+        assert p.json_error_keys == keys
+        assert bool(p.failures([ToolResult('{"fault": "x", "error": "y"}')])) == bool(keys)
+
+
 def _run(env: Env, *calls: ToolCall) -> list[ToolResult]:
     asyncio.run(env.reset())
     return asyncio.run(env.step(list(calls)))
