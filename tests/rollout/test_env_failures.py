@@ -244,7 +244,8 @@ def test_metrics_count_failures_and_leave_them_out_of_rewards(tok):  # noqa: F81
     bad2.task_type = "other"
     m = episode_metrics([good, bad, bad2])
     assert m["episode/reward/mean"] == 1.0 and m["episode/add/reward/mean"] == 1.0
-    assert m["rollout/env_failures"] == 2.0 and m["rollout/env_failure_frac"] == pytest.approx(2 / 3)
+    assert m["rollout/env_failures"] == 2.0
+    assert m["rollout/env_failure_frac"] == pytest.approx(2 / 3)
     assert m["rollout/add/env_failures"] == 1.0 and m["rollout/other/env_failures"] == 1.0
     assert "episode/reward/env_error/mean" not in m
     assert m["episode/stop/env_error"] == pytest.approx(2 / 3)
