@@ -163,6 +163,11 @@ def main(argv: list[str] | None = None) -> int:
     except (*usage, UnknownRoute, FamilyFileError, EnvFailureError) as e:
         print(f"toolgrpo {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except RuntimeError as e:  # asynchronous rollouts hand the producer's error on as the cause
+        if not isinstance(e.__cause__, EnvFailureError):
+            raise
+        print(f"toolgrpo {args.command}: error: {e.__cause__}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

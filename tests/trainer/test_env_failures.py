@@ -248,3 +248,30 @@ def test_the_failure_ratio_is_checked_at_load(make_train_config, ratio):
 
     with pytest.raises(ConfigError, match="max_env_failure_ratio must be in"):
         Trainer(make_train_config(**{f"{KEY}max_env_failure_ratio": ratio}))
+
+
+def test_the_router_sees_failed_episodes_at_their_group_mean():
+    """The tool router needs one reward per rollout: a failure must not enter it at -1."""
+    from toolgrpo.trainer.episodes import stand_in_rewards
+
+    eps = [_episode("a"), _episode("a", True), _episode("a"), _episode("b", True)]
+    eps[0].reward, eps[2].reward, eps[1].reward, eps[3].reward = 1.0, 0.0, -1.0, -1.0
+    assert stand_in_rewards(eps) == [1.0, 0.5, 0.0, 0.0]
+
+
+def test_async_rollouts_stop_with_the_same_one_line(
+    make_train_config, tmp_path, tiny_model_dir, capsys, monkeypatch
+):
+    from toolgrpo import cli
+
+    trainer = _trainer(
+        make_train_config,
+        tmp_path,
+        tiny_model_dir,
+        _tasks("bad", "bad_reset"),
+        **{"async_training.enable": "true"},
+    )
+    monkeypatch.setattr("toolgrpo.trainer.trainer.Trainer", lambda cfg: trainer)
+    assert cli.main(["train", f"trainer.output_dir={tmp_path / 'run'}"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "toolgrpo train: error: step 1: 4 of 4 episodes" in err
