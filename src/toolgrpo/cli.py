@@ -153,14 +153,20 @@ def main(argv: list[str] | None = None) -> int:
     from toolgrpo.data.loader import DataError
     from toolgrpo.envs.registry import EnvConfigError
     from toolgrpo.models.registry import ModelNotFound
+    from toolgrpo.rollout.episode import EnvFailureError
     from toolgrpo.router.families import FamilyFileError
     from toolgrpo.router.routes import UnknownRoute
 
     usage = (ConfigError, DataError, ModelNotFound, FileNotFoundError, EnvConfigError)
     try:
         return args.func(args)
-    except (*usage, UnknownRoute, FamilyFileError) as e:
+    except (*usage, UnknownRoute, FamilyFileError, EnvFailureError) as e:
         print(f"toolgrpo {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except RuntimeError as e:  # asynchronous rollouts hand the producer's error on as the cause
+        if not isinstance(e.__cause__, EnvFailureError):
+            raise
+        print(f"toolgrpo {args.command}: error: {e.__cause__}", file=sys.stderr)
         return 2
 
 

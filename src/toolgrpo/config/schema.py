@@ -112,7 +112,13 @@ class MultiTurnConfig:
     max_tool_response_length: int = 256  # tokens of one tool result (0 = no limit)
     tool_response_truncate_side: str = "middle"  # right (keep head) | left (keep tail) | middle
     max_concurrent_episodes: int = 0  # episodes in flight at once; 0 = all of a step's
-    error_reward: float = -1.0  # reward of an episode whose environment failed
+    # An episode whose environment failed (constructor/reset/step/reward raised, transport error,
+    # the environment's own timeout) is dropped from training and from reward means; this is only
+    # the score recorded on it (kept for compatibility).
+    error_reward: float = -1.0
+    # The run stops (EnvFailureError) when more than this share of a step's episodes failed in
+    # their environment; 1.0 never stops (a step whose episodes all failed skips its update).
+    max_env_failure_ratio: float = 0.5
     # task_type -> {type: <env type, default the task type>, max_turns: N, <env options>...}
     envs: dict[str, Any] = field(default_factory=dict)
     # Tool rollback (toolgrpo.rollout.rollback): a turn whose tool results match is undone

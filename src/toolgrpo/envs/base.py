@@ -26,7 +26,7 @@ class Transcript:
 
     messages: list[dict[str, Any]]  # opening messages, then assistant/tool turns
     text: str  # decoded prompt + response, special tokens kept (what verl passes to a reward)
-    stop_reason: str  # "answer" | "max_turns" | "context" | "length" | "error"
+    stop_reason: str  # "answer" | "done" | "max_turns" | "context" | "length" | ... (STOP_REASONS)
     num_turns: int
     step: int = 0  # the trainer's global step (for rewards that change over training)
 
@@ -43,7 +43,7 @@ class Env(ABC):
     max_turns: int = 1
     single_turn: bool = False  # True: the first assistant turn ends the episode (no tools run)
     # Set by an environment that can no longer serve the episode (e.g. its server died): the
-    # episode loop stops it with stop reason "env_error" and the configured error reward.
+    # episode loop stops it with stop reason "env_error"; the trainer leaves it out of training.
     fatal_error: str | None = None
     # (lowest, highest) score ``reward`` can return, None if unknown. Rollback's negatives must not
     # score above the lowest (EpisodeRunner.check): a failed attempt would outrank a real failure.

@@ -79,6 +79,7 @@ def result_to_dict(result: ToolResult) -> dict[str, Any]:
         "name": result.name,
         "call_id": result.call_id,
         "metrics": dict(result.metrics),
+        "done": result.done,
     }
 
 
@@ -91,6 +92,7 @@ def result_from_dict(d: Any) -> ToolResult:
             name=str(d.get("name") or ""),
             call_id=str(d.get("call_id") or ""),
             metrics={str(k): float(v) for k, v in (d.get("metrics") or {}).items()},
+            done=d.get("done") is True,  # absent (older peers) or not a true boolean: not done
         )
     except (TypeError, ValueError) as e:  # bad error_type, non-numeric metric
         raise WireError(f"result: {e}") from e

@@ -12,7 +12,22 @@ from typing import Any
 
 from toolgrpo.rollout.rollback import NegativeSample, RollbackStats
 
-STOP_REASONS = ("answer", "max_turns", "context", "length", "env_error", "prompt_too_long")
+# done: a tool result ended the episode (``ToolResult.done``); env_error: the environment failed
+# (``Episode.env_failure`` says how) and the episode is left out of training.
+STOP_REASONS = (
+    "answer",
+    "done",
+    "max_turns",
+    "context",
+    "length",
+    "env_error",
+    "prompt_too_long",
+)
+
+
+class EnvFailureError(RuntimeError):
+    """More of a step's episodes failed in their environments than
+    ``multi_turn.max_env_failure_ratio`` allows: the run stops (the CLI prints one line)."""
 
 
 @dataclass
@@ -38,6 +53,9 @@ class Episode:
     rollback: RollbackStats = field(default_factory=RollbackStats)  # tool rollback (issue #6)
     negatives: list[NegativeSample] = field(default_factory=list)  # rolled-back failed attempts
     meta: dict[str, Any] = field(default_factory=dict)
+    # Why the environment failed (constructor, reset/step raised, transport, its own timeout,
+    # reward raised): not the model's fault, so the episode is neither scored nor trained on.
+    env_failure: str | None = None
 
     def append(self, ids: list[int], logprobs: list[float] | None) -> None:
         """Sampled ids (with their log-probs, mask 1) or a rendered delta (``None``: mask 0)."""

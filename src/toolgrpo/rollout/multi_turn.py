@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from toolgrpo.data.task import Task
-from toolgrpo.envs.base import Env, EnvReward, EnvStart, Transcript
+from toolgrpo.envs.base import Env, EnvStart, Transcript
 from toolgrpo.envs.registry import EnvRouter
 from toolgrpo.rollout.batcher import GenerationBatcher
 from toolgrpo.rollout.episode import Episode
@@ -43,7 +43,9 @@ class EpisodeLimits:
     max_tokens_per_turn: int = 256  # one assistant turn
     max_tool_response_length: int = 256  # tokens of one tool result (0 = no limit)
     tool_response_truncate_side: str = "middle"  # right | left | middle
-    error_reward: float = -1.0  # an episode whose environment failed (e.g. its server died)
+    # The score recorded on an episode whose environment failed; such episodes are never trained
+    # on nor averaged into reward metrics (``Episode.env_failure``), so it is informational.
+    error_reward: float = -1.0
 
 
 async def play_task(
@@ -61,8 +63,14 @@ async def play_task(
 ) -> Episode:
     """One episode of ``task`` in ``env``; never raises for what the model or the tools do.
     With ``rollback``, a turn whose tools fail is undone and re-sampled (``rollback.TurnGuard``);
-    ``budget`` caps the negatives its GRPO group keeps."""
-    start = await env.reset()
+    ``budget`` caps the negatives its GRPO group keeps. An environment that raises or sets
+    ``fatal_error`` ends the episode with ``env_failure`` set (``env_failed``)."""
+    try:
+        start = await env.reset()
+    except Exception as exc:
+        ep = Episode(task.task_id, task.task_type, uid, [])
+        ep.policy_version = policy_version
+        return env_failed(ep, f"reset raised {type(exc).__name__}: {exc}", limits)
     if condition is not None:
         start = condition(start)
     messages, tools = with_tools(tokenizer, start.messages, start.tools)
@@ -106,20 +114,20 @@ async def play_task(
         if env.single_turn:
             break
         calls = parse_tool_calls(text)
+        last_turn = ep.num_turns >= env.max_turns
         if not calls:
             more = await env.next_user_turn(list(messages))
             if not more:
                 break  # a final answer
+            if last_turn:  # the dialogue goes on, but this episode has no turn left for it
+                ep.stop_reason, ep.truncated = "max_turns", True
+                break
             new = list(more)
         else:
-            if ep.num_turns >= env.max_turns:
-                ep.stop_reason = "max_turns"
-                break
             try:
                 results = await env.step(calls)
             except Exception as exc:  # the contract says step never raises; hold it to that
-                log.warning("%s.step raised %s: %s", type(env).__name__, type(exc).__name__, exc)
-                env.fatal_error = f"{type(exc).__name__}: {exc}"
+                env.fatal_error = f"step raised {type(exc).__name__}: {exc}"
                 results = []
             _count_tools(ep, results)
             if env.fatal_error:
@@ -131,21 +139,45 @@ async def play_task(
                     stream_text = resume
                     continue
             new = [_tool_message(tokenizer, r, limits) for r in results]
-        if ep.num_turns >= env.max_turns:
-            ep.stop_reason = "max_turns"
-            break
-        delta, exact = delta_text(tokenizer, stream_text, messages, new, tools)
-        ep.prefix_mismatches += int(not exact)
-        delta_ids = encode(tokenizer, delta)
-        if len(ep.response_ids) + len(delta_ids) >= limits.max_response_length:
+            if any(r.done for r in results) or last_turn:
+                # The environment ended the episode, or this was the last turn: the calls ran,
+                # and their results join the transcript the reward sees (tokens if they fit).
+                if any(r.done for r in results):
+                    ep.stop_reason = "done"
+                else:  # the model still had work under way
+                    ep.stop_reason, ep.truncated = "max_turns", True
+                _append_delta(ep, tokenizer, stream_text, messages, new, tools, limits)
+                messages.extend(new)
+                break
+        delta = _append_delta(ep, tokenizer, stream_text, messages, new, tools, limits)
+        if delta is None:
             ep.stop_reason, ep.truncated = "context", True
             break
-        ep.append(delta_ids, None)
         stream_text += delta
         messages.extend(new)
     if guard is not None:
         guard.finish(ep)
     return await _finish(ep, env, tokenizer, step, limits)
+
+
+def _append_delta(
+    ep: Episode,
+    tokenizer: Any,
+    stream_text: str,
+    messages: list[dict[str, Any]],
+    new: list[dict[str, Any]],
+    tools: Any,
+    limits: EpisodeLimits,
+) -> str | None:
+    """Append the rendered text between turns (``new`` messages and the next generation prompt)
+    as mask-0 tokens; ``None`` (nothing appended) when it would fill the response budget."""
+    delta, exact = delta_text(tokenizer, stream_text, messages, new, tools)
+    delta_ids = encode(tokenizer, delta)
+    if len(ep.response_ids) + len(delta_ids) >= limits.max_response_length:
+        return None
+    ep.prefix_mismatches += int(not exact)
+    ep.append(delta_ids, None)
+    return delta
 
 
 def _tool_message(tokenizer: Any, r: ToolResult, limits: EpisodeLimits) -> dict[str, Any]:
@@ -168,20 +200,25 @@ async def _finish(
     ep: Episode, env: Env, tokenizer: Any, step: int, limits: EpisodeLimits
 ) -> Episode:
     if env.fatal_error:
-        ep.stop_reason = "env_error"
-        ep.reward, ep.reward_parts = limits.error_reward, {"env_error": 1.0}
-        return ep
+        return env_failed(ep, env.fatal_error, limits)
     text = decode(tokenizer, ep.prompt_ids + ep.response_ids)
     transcript = Transcript(list(ep.messages), text, ep.stop_reason, ep.num_turns, step)
     try:
         r = await env.reward(transcript)
-    except Exception as exc:  # a broken reward must not end the run; it is counted
-        log.warning("reward failed for %s: %s: %s", ep.task_id, type(exc).__name__, exc)
-        r = EnvReward(limits.error_reward, {"env_error": 1.0})
-    if env.fatal_error:
-        r = EnvReward(limits.error_reward, {"env_error": 1.0})
-        ep.stop_reason = "env_error"
+    except Exception as exc:  # a broken reward is the environment's failure, not the model's
+        return env_failed(ep, f"reward raised {type(exc).__name__}: {exc}", limits)
+    if env.fatal_error:  # e.g. the server died while scoring
+        return env_failed(ep, env.fatal_error, limits)
     ep.reward, ep.reward_parts = float(r.score), dict(r.parts)
+    return ep
+
+
+def env_failed(ep: Episode, reason: str, limits: EpisodeLimits) -> Episode:
+    """Mark an episode its environment failed: ``env_failure`` says why; the trainer leaves it
+    out of the batch and of reward means (the score is ``error_reward``, for the record only)."""
+    log.debug("episode of %s: environment failed: %s", ep.task_id, reason)
+    ep.stop_reason, ep.env_failure = "env_error", reason
+    ep.reward, ep.reward_parts = limits.error_reward, {"env_error": 1.0}
     return ep
 
 
@@ -209,22 +246,17 @@ async def play_tasks(
     async def one(
         task: Task, uid: str, budget: NegativeBudget | None, cond: Condition | None
     ) -> Episode:
-        env = router.make(task)
-        try:
-            if sem is None:
-                return await _guarded(task, env, uid, budget, cond)
-            async with sem:
-                return await _guarded(task, env, uid, budget, cond)
-        finally:
-            try:
-                await env.close()
-            except Exception as exc:  # closing is best effort
-                log.warning("closing env for %s failed: %s", task.task_id, exc)
+        if sem is None:
+            return await _guarded(task, uid, budget, cond)
+        async with sem:
+            return await _guarded(task, uid, budget, cond)
 
     async def _guarded(
-        task: Task, env: Env, uid: str, budget: NegativeBudget | None, cond: Condition | None
+        task: Task, uid: str, budget: NegativeBudget | None, cond: Condition | None
     ) -> Episode:
+        env: Env | None = None
         try:
+            env = router.make(task)  # a constructor that raises fails this episode only
             return await play_task(
                 task,
                 env,
@@ -241,11 +273,16 @@ async def play_tasks(
         except (SnapshotUnsupported, GenerationError):  # setup or backend: stop, do not score
             raise
         except Exception as exc:  # an environment bug ends its episode, not the run
-            log.warning("episode of %s failed: %s: %s", task.task_id, type(exc).__name__, exc)
-            ep = Episode(task.task_id, task.task_type, uid, [], stop_reason="env_error")
-            ep.reward, ep.reward_parts = limits.error_reward, {"env_error": 1.0}
+            where = "construction" if env is None else "episode"
+            ep = Episode(task.task_id, task.task_type, uid, [])
             ep.policy_version = policy_version
-            return ep
+            return env_failed(ep, f"{where} raised {type(exc).__name__}: {exc}", limits)
+        finally:
+            if env is not None:
+                try:
+                    await env.close()
+                except Exception as exc:  # closing is best effort
+                    log.warning("closing env for %s failed: %s", task.task_id, exc)
 
     jobs = []
     for t, task in enumerate(tasks):

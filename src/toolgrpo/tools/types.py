@@ -35,6 +35,9 @@ class ToolResult:
     name: str = ""  # the tool that produced it ("" for a call that could not be parsed)
     call_id: str = ""
     metrics: dict[str, float] = field(default_factory=dict)
+    # The environment ends the episode with this result (a submit/book/commit tool; OpenEnv's
+    # ``StepResult.done``): the turn's results still reach the transcript, no model turn follows.
+    done: bool = False
 
     def __post_init__(self) -> None:
         if self.is_error and self.error_type not in ERROR_TYPES:

@@ -29,35 +29,58 @@ def _summary(eps: Sequence[Episode], prefix: str) -> dict[str, float]:
 
 
 def episode_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
+    """Episodes whose environment failed are counted (``rollout/env_failures``, overall and per
+    task type) and left out of every other statistic: they say nothing about the policy."""
     if not episodes:
         return {}
-    m = _summary(episodes, "episode/")
-    lengths = [len(e.response_ids) for e in episodes]
+    m = env_failure_metrics(episodes)
+    for reason in STOP_REASONS:
+        m[f"episode/stop/{reason}"] = fmean(float(e.stop_reason == reason) for e in episodes)
+    ok = [e for e in episodes if e.env_failure is None]
+    if not ok:
+        return m
+    m.update(_summary(ok, "episode/"))
+    lengths = [len(e.response_ids) for e in ok]
     m.update(
         {
             "response_length/mean": fmean(lengths),
             "response_length/max": float(max(lengths)),
-            "response_length/sampled_mean": fmean(e.sampled_tokens for e in episodes),
-            "response_length/clip_ratio": fmean(float(e.truncated) for e in episodes),
-            "prompt_length/mean": fmean(len(e.prompt_ids) for e in episodes),
-            "rollout/prefix_mismatch": float(sum(e.prefix_mismatches for e in episodes)),
-            "rollout/env_errors": float(sum(e.stop_reason == "env_error" for e in episodes)),
+            "response_length/sampled_mean": fmean(e.sampled_tokens for e in ok),
+            # Truncated: cut by the token budget, a turn's cap, or max_turns with work pending.
+            "response_length/clip_ratio": fmean(float(e.truncated) for e in ok),
+            "prompt_length/mean": fmean(len(e.prompt_ids) for e in ok),
+            "rollout/prefix_mismatch": float(sum(e.prefix_mismatches for e in ok)),
         }
     )
-    for reason in STOP_REASONS:
-        m[f"episode/stop/{reason}"] = fmean(float(e.stop_reason == reason) for e in episodes)
     errors: dict[str, int] = defaultdict(int)
-    for e in episodes:
+    for e in ok:
         for k, v in e.tool_error_types.items():
             errors[k] += v
     for k, v in errors.items():
         m[f"episode/tool_errors/{k}"] = float(v)
     by_type: dict[str, list[Episode]] = defaultdict(list)
-    for e in episodes:
+    for e in ok:
         by_type[e.task_type].append(e)
     for t, eps in sorted(by_type.items()):
         m.update(_summary(eps, f"episode/{t}/"))
-    m.update(rollback_metrics(episodes))
+    m.update(rollback_metrics(ok))
+    return m
+
+
+def env_failure_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
+    """Episodes whose environment failed, overall and per task type (``rollout/env_errors`` is
+    the older name of ``rollout/env_failures``)."""
+    failed = float(sum(e.env_failure is not None for e in episodes))
+    m = {
+        "rollout/env_failures": failed,
+        "rollout/env_errors": failed,
+        "rollout/env_failure_frac": failed / len(episodes) if episodes else 0.0,
+    }
+    by_type: dict[str, int] = defaultdict(int)
+    for e in episodes:
+        by_type[e.task_type] += int(e.env_failure is not None)
+    for t, k in sorted(by_type.items()):
+        m[f"rollout/{t}/env_failures"] = float(k)
     return m
 
 

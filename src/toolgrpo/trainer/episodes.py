@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
@@ -15,7 +17,7 @@ from toolgrpo.data.task import Task
 from toolgrpo.envs.registry import EnvRouter
 from toolgrpo.rewards.types import RllaFlags
 from toolgrpo.rollout.batcher import GenerationBatcher
-from toolgrpo.rollout.episode import Episode
+from toolgrpo.rollout.episode import EnvFailureError, Episode
 from toolgrpo.rollout.generator import Generator, SamplingParams
 from toolgrpo.rollout.multi_turn import Condition, EpisodeLimits, play_tasks
 from toolgrpo.rollout.rollback import (
@@ -24,6 +26,10 @@ from toolgrpo.rollout.rollback import (
     check_snapshot_support,
 )
 from toolgrpo.trainer.batch import Batch, collate_episodes
+
+log = logging.getLogger(__name__)
+# Estimators that rank an episode against its group: one left alone there has no baseline.
+GROUP_ESTIMATORS = ("grpo", "dr_grpo", "rloo")
 
 
 class NonFiniteReward(ValueError):
@@ -112,6 +118,24 @@ class EpisodeRunner:
         finally:
             batcher.close()
 
+    def trainable(self, episodes: Sequence[Episode], step: int = 0) -> list[int]:
+        """Indices of the episodes that train, after the step's environment failures are
+        reported: a failed episode is dropped (with its negatives), and so is one that failures
+        left alone in its group (no baseline under a group estimator). Raises
+        ``EnvFailureError`` when more than ``max_env_failure_ratio`` of them failed."""
+        failed = [e for e in episodes if e.env_failure is not None]
+        if failed:
+            warn_env_failures(failed, self.router, step)
+            ratio = self.cfg.actor_rollout_ref.rollout.multi_turn.max_env_failure_ratio
+            if len(failed) > ratio * len(episodes):
+                raise EnvFailureError(
+                    f"step {step}: {len(failed)} of {len(episodes)} episodes failed in their "
+                    f"environment (more than actor_rollout_ref.rollout.multi_turn."
+                    f"max_env_failure_ratio={ratio:g}); {failure_summary(failed, self.router)}"
+                )
+        grouped = self.cfg.algorithm.adv_estimator in GROUP_ESTIMATORS
+        return trainable_indices(episodes, grouped)
+
     def to_batch(self, episodes: Sequence[Episode]) -> tuple[Batch, int]:
         """The training batch, with non-finite rewards handled per ``reward.nan_policy``; the
         episodes' negative samples (if kept) follow as extra rows scored ``negative_reward``."""
@@ -129,3 +153,60 @@ class EpisodeRunner:
             scores += [self.rollback.negative_reward] * (batch.size - len(episodes))
         batch.scores_B = torch.tensor(scores, dtype=torch.float32)
         return batch, bad
+
+
+def trainable_indices(episodes: Sequence[Episode], grouped: bool) -> list[int]:
+    """Episodes whose environment did not fail; with ``grouped``, minus any that failures left
+    as the only member of a group that had more (a singleton's GRPO advantage is its raw score)."""
+    size: Counter[str] = Counter(e.uid for e in episodes)
+    ok = [i for i, e in enumerate(episodes) if e.env_failure is None]
+    left: Counter[str] = Counter(episodes[i].uid for i in ok)
+    if not grouped:
+        return ok
+    return [i for i in ok if not (left[episodes[i].uid] == 1 and size[episodes[i].uid] > 1)]
+
+
+def _env_label(task_type: str, router: EnvRouter) -> str:
+    try:
+        env_type = router.spec(task_type).type
+    except Exception:  # an unknown type is itself the failure the reason names
+        return f"task type {task_type!r}"
+    if env_type == task_type:
+        return f"environment {env_type!r}"
+    return f"task type {task_type!r} (environment {env_type!r})"
+
+
+def warn_env_failures(failed: Sequence[Episode], router: EnvRouter, step: int) -> None:
+    """One warning per distinct (task type, reason) in the step, not one per episode."""
+    counts = Counter((e.task_type, e.env_failure) for e in failed)
+    for (task_type, reason), k in sorted(counts.items(), key=lambda kv: -kv[1]):
+        log.warning(
+            "step %d: %d episode(s) of %s failed in the environment: %s",
+            step,
+            k,
+            _env_label(task_type, router),
+            reason,
+        )
+
+
+def failure_summary(failed: Sequence[Episode], router: EnvRouter) -> str:
+    """The most common failure, as '<environment>: <reason>' (for the one-line error)."""
+    (task_type, reason), k = Counter((e.task_type, e.env_failure) for e in failed).most_common(1)[0]
+    return f"{_env_label(task_type, router)}, {k} episode(s): {reason}"
+
+
+def stand_in_rewards(episodes: Sequence[Episode]) -> list[float]:
+    """Episode rewards for consumers that need one per episode (the tool router): a failed
+    episode gets the mean of its group's others (0 if none), so it moves no baseline."""
+    by_uid: dict[str, list[float]] = {}
+    for e in episodes:
+        if e.env_failure is None:
+            by_uid.setdefault(e.uid, []).append(e.reward)
+    out = []
+    for e in episodes:
+        others = by_uid.get(e.uid, [])
+        if e.env_failure is None:
+            out.append(e.reward)
+        else:
+            out.append(math.fsum(others) / len(others) if others else 0.0)
+    return out

@@ -7,6 +7,7 @@ and router, and owns nothing else.
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from contextlib import AbstractContextManager, nullcontext
@@ -18,11 +19,12 @@ import torch
 from toolgrpo.data.task import Task
 from toolgrpo.mixture import ACTOR, RolloutPart
 from toolgrpo.rewards.scoring import Score, is_finite, score
+from toolgrpo.rollout.episode import Episode
 from toolgrpo.rollout.generator import Completion, SamplingParams
 from toolgrpo.rollout.single_turn import rollout_tasks, solution_text
 from toolgrpo.trainer.batch import Batch, collate, negative_parents
 from toolgrpo.trainer.episode_metrics import episode_metrics
-from toolgrpo.trainer.episodes import NonFiniteReward
+from toolgrpo.trainer.episodes import NonFiniteReward, stand_in_rewards
 from toolgrpo.trainer.metrics import completion_metrics
 
 if TYPE_CHECKING:
@@ -33,11 +35,14 @@ if TYPE_CHECKING:
     from toolgrpo.trainer.episodes import EpisodeRunner
 
 
+log = logging.getLogger(__name__)
+
+
 @dataclass
 class Rolled:
     """One step's rollout, rewarded and collated, ready for the update."""
 
-    batch: Batch
+    batch: Batch | None  # None: every episode failed in its environment (the update is skipped)
     metrics: dict[str, float]
     timing: dict[str, float]
     nonfinite: float
@@ -64,12 +69,7 @@ class RolloutStage:
         items, policies = self._generate(step, tasks, generator)
         timing["timing/gen_s"] = time.perf_counter() - t0
         if self.episodes is not None:
-            batch, nonfinite = self.episodes.to_batch(items)
-            batch.policies = policies + [policies[i] for i in negative_parents(items)]
-            metrics = {**episode_metrics(items), **self._mixture_metrics(step, batch)}
-            if self.router is not None:
-                metrics.update(self.router.observe(items, [e.reward for e in items]))
-            return Rolled(batch, metrics, timing, float(nonfinite))
+            return self._episode_batch(step, items, policies, timing)
         completions, uids, owners = (list(x) for x in zip(*items, strict=True))
         t0 = time.perf_counter()
         scores, nonfinite = self.reward(owners, completions, step)
@@ -82,6 +82,34 @@ class RolloutStage:
         if self.router is not None:
             metrics.update(self.router.observe(items, [s.total for s in scores]))
         return Rolled(batch, metrics, timing, float(nonfinite))
+
+    def _episode_batch(
+        self, step: int, items: list[Episode], policies: list[str], timing: dict[str, float]
+    ) -> Rolled:
+        """Episodes → batch: those whose environment failed are reported and left out (the run
+        stops past ``max_env_failure_ratio``); ``batch`` is None if none is left."""
+        assert self.episodes is not None
+        keep = self.episodes.trainable(items, step)
+        kept = [items[i] for i in keep]
+        batch, nonfinite = self.episodes.to_batch(kept) if kept else (None, 0)  # NaN → 0 first
+        metrics = episode_metrics(items)
+        metrics["rollout/dropped_episodes"] = float(len(items) - len(keep))
+        metrics["train/skipped_update"] = float(batch is None)
+        if self.router is not None:  # failed episodes stand at their group's mean
+            metrics.update(self.router.observe(items, stand_in_rewards(items)))
+        if batch is not None:
+            pols = [policies[i] for i in keep]
+            batch.policies = pols + [pols[i] for i in negative_parents(kept)]
+            metrics.update(self._mixture_metrics(step, batch))
+        return Rolled(batch, metrics, timing, float(nonfinite))
+
+    def skipped_step(self, step: int, rolled: Rolled, producer: Any = None) -> dict[str, float]:
+        """The metrics of a step with nothing to train on (every episode failed in its
+        environment, under ``max_env_failure_ratio=1``): no update, the run goes on."""
+        log.warning("step %d: every episode failed in its environment; no update this step", step)
+        if producer is not None:  # the producer counts updates to bound its staleness
+            producer.updated()
+        return {**rolled.metrics, **rolled.timing, "reward/nonfinite": rolled.nonfinite}
 
     def _generate(self, step: int, tasks: list[Task], generator: Any) -> tuple[list, list[str]]:
         """Episodes, or (completion, uid, task) triples, of the step's tasks, each with the policy

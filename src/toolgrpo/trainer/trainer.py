@@ -41,7 +41,7 @@ from toolgrpo.trainer import state as ckpt_state
 from toolgrpo.trainer.actor import Actor
 from toolgrpo.trainer.batch import Batch
 from toolgrpo.trainer.episode_metrics import episode_metrics
-from toolgrpo.trainer.episodes import EpisodeRunner, make_router
+from toolgrpo.trainer.episodes import EpisodeRunner, make_router, warn_env_failures
 from toolgrpo.trainer.metrics import batch_metrics, negative_metrics
 from toolgrpo.trainer.replay import AsyncRollout
 from toolgrpo.trainer.rollout_stage import Rolled, RolloutStage
@@ -168,6 +168,8 @@ class Trainer(RolloutStage):
             rolled.metrics["async/staleness"] = float(self.step - got.version)
             rolled.metrics["async/dropped_stale"] = float(producer.buffer.dropped)
         batch, timing = rolled.batch, dict(rolled.timing)
+        if batch is None:  # every episode failed in its environment
+            return self.skipped_step(step, rolled, producer)
 
         lm = self.router is None or not self.router.freeze_lm  # router-only runs skip the LM
         t0 = time.time()
@@ -292,6 +294,7 @@ class Trainer(RolloutStage):
             eps = self.episodes.play(
                 self._val_tasks, val_sampling_params(self.cfg), step, self.step, rollback=False
             )
+            warn_env_failures([e for e in eps if e.env_failure], self.episodes.router, step)
             return {f"val/{k}": v for k, v in episode_metrics(eps).items()}
         res = evaluate(
             self.generator,
