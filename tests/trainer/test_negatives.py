@@ -259,3 +259,25 @@ def test_trainer_step_trains_on_negatives(make_train_config, tmp_path, tiny_mode
         assert uids.count(uids[i]) == 3  # n = 2 episodes + the group's one negative
         assert adv[i].min() < 0  # scored -1 against episodes that recovered and answered
     assert math.isfinite(rec["actor/pg_loss"])
+
+
+def test_mixture_rewards_by_policy_leave_negatives_out():
+    """Reward-by-policy (rollout/reward_actor, _fixed) averaged the negatives' -1 into the
+    policy's episodes; only real rows are samples of a policy's episodes."""
+    from toolgrpo.trainer.batch import collate_rows
+    from toolgrpo.trainer.rollout_stage import RolloutStage
+
+    rows = [([1, 2], [3], [1], [0.0])] * 3
+    batch = collate_rows(rows, ["g", "g", "g"], 0)
+    batch.scores_B = torch.tensor([1.0, 0.0, -1.0])
+    batch.policies = ["actor", "actor", "actor"]
+    batch.is_negative = [False, False, True]
+    seen = {}
+
+    def rollout_metrics(step, policies, scores):
+        seen.update(policies=list(policies), scores=list(scores))
+        return {}
+
+    stage = SimpleNamespace(mixture=SimpleNamespace(rollout_metrics=rollout_metrics))
+    RolloutStage._mixture_metrics(stage, 1, batch)
+    assert seen == {"policies": ["actor", "actor"], "scores": [1.0, 0.0]}

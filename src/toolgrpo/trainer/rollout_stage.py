@@ -143,10 +143,15 @@ class RolloutStage:
         return self.mixture.rollout_parts(step, tasks, gen, self.sampling)
 
     def _mixture_metrics(self, step: int, batch: Batch) -> dict[str, float]:
-        """rollout/policy_choice, using_actor/using_fixed and rewards by policy (mixture only)."""
+        """rollout/policy_choice, using_actor/using_fixed and rewards by policy (mixture only),
+        over real rows: rolled-back negatives are not samples of any policy's episodes."""
         if self.mixture is None:
             return {}
-        return self.mixture.rollout_metrics(step, batch.policies, batch.scores_B.tolist())
+        real = [i for i in range(batch.size) if not (batch.is_negative and batch.is_negative[i])]
+        scores = batch.scores_B.tolist()
+        return self.mixture.rollout_metrics(
+            step, [batch.policies[i] for i in real], [scores[i] for i in real]
+        )
 
     def rollout(
         self, tasks: list[Task], generator: Any = None, params: SamplingParams | None = None
