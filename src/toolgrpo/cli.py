@@ -153,13 +153,14 @@ def main(argv: list[str] | None = None) -> int:
     from toolgrpo.data.loader import DataError
     from toolgrpo.envs.registry import EnvConfigError
     from toolgrpo.models.registry import ModelNotFound
+    from toolgrpo.models.safe_load import CheckpointError
     from toolgrpo.router.families import FamilyFileError
     from toolgrpo.router.routes import UnknownRoute
 
     usage = (ConfigError, DataError, ModelNotFound, FileNotFoundError, EnvConfigError)
     try:
         return args.func(args)
-    except (*usage, UnknownRoute, FamilyFileError) as e:
+    except (*usage, UnknownRoute, FamilyFileError, CheckpointError) as e:
         print(f"toolgrpo {args.command}: error: {e}", file=sys.stderr)
         return 2
 
