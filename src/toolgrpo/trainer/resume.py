@@ -70,8 +70,10 @@ def _saved_yaml(out: Path) -> dict[str, Any] | None:
 def prepare_output_dir(out: Path, resume: str, overwrite: bool, current: dict[str, Any]) -> None:
     """Refuse to write over another run unless ``overwrite`` (then move it aside). With
     ``resume=auto`` and no checkpoint, a run with the same config restarts from step 0."""
-    held = earlier_run(out)
     explicit = resume not in ("auto", "disable")
+    if explicit and not (Path(resume) / STATE_FILE).is_file():
+        raise FileNotFoundError(f"trainer.resume={resume!r} is not a checkpoint directory")
+    held = earlier_run(out)
     if held and overwrite:
         if explicit and _inside(Path(resume), out):
             raise ConfigError(
