@@ -79,3 +79,13 @@ def test_sft_lr_change_applies(tiny_model_dir, tiny_data, tmp_path, capsys):
     assert again.step == 1
     assert again.optimizer.param_groups[0]["lr"] == pytest.approx(0.002)
     assert "optim.lr: 0.001 → 0.002 (applied" in capsys.readouterr().err
+
+
+def test_router_lr_change_applies(tiny_model_dir, tiny_data, tmp_path):
+    """Pins: the router head's own SGD kept the checkpoint's learning rate."""
+    out = tmp_path / "router"
+    extra = {"router.enable": "true", "router.freeze_lm": "true", "trainer.save_freq": 1}
+    Trainer(grpo_config(tiny_model_dir, tiny_data, out, 1, **extra, **{"router.lr": 1.0})).fit()
+    again = Trainer(grpo_config(tiny_model_dir, tiny_data, out, 2, **extra, **{"router.lr": 0.25}))
+    assert again.step == 1
+    assert again.router.policy.optimizer.param_groups[0]["lr"] == 0.25
