@@ -96,12 +96,17 @@ def read_weights(ckpt: Path, is_lora: bool) -> dict[str, torch.Tensor]:
 
 
 def apply_weights(policy: Policy, weights: dict[str, torch.Tensor], ckpt: Path) -> None:
-    if policy.is_lora:
-        from peft import set_peft_model_state_dict
+    """Load read weights into ``policy``; weights of another shape are a one-line error."""
+    try:
+        if policy.is_lora:
+            from peft import set_peft_model_state_dict
 
-        set_peft_model_state_dict(policy.model, weights)
-        return
-    missing, unexpected = policy.model.load_state_dict(weights, strict=False)
+            set_peft_model_state_dict(policy.model, weights)
+            return
+        missing, unexpected = policy.model.load_state_dict(weights, strict=False)
+    except RuntimeError as e:  # size mismatches
+        first = next((ln.strip() for ln in str(e).splitlines() if "size mismatch" in ln), str(e))
+        raise ConfigError(f"{ckpt}: weights do not fit the model ({first[:300]})") from None
     tied = policy.model.config.tie_word_embeddings
     allowed = {k for k in missing if "lm_head" in k} if tied else set()
     if set(missing) - allowed or unexpected:
@@ -109,14 +114,9 @@ def apply_weights(policy: Policy, weights: dict[str, torch.Tensor], ckpt: Path) 
 
 
 def check_lora(ckpt: Path, is_lora: bool, policy: Policy) -> None:
+    """A LoRA checkpoint resumes only a LoRA run, and a full one only a full one."""
     if bool(is_lora) != policy.is_lora:
         raise ConfigError(f"{ckpt} was saved with is_lora={is_lora}; the config disagrees")
-
-
-def load_weights(policy: Policy, ckpt: Path, is_lora: bool) -> None:
-    """Load a checkpoint's trainable weights (LoRA adapter, or full model) into ``policy``."""
-    check_lora(ckpt, is_lora, policy)
-    apply_weights(policy, read_weights(ckpt, is_lora), ckpt)
 
 
 def read(ckpt: Path) -> Saved:
@@ -159,10 +159,3 @@ def apply(trainer: Trainer, ckpt: Path, saved: Saved) -> None:
     if trainer.router is not None and saved.router is not None:
         trainer.router.load_state_dict(saved.router)  # head, λ, dual window
     trainer.sampler.load_state_dict(saved.state["sampler"])
-
-
-def load(trainer: Trainer, ckpt: Path) -> int:
-    """Restore ``ckpt`` as is (no fallback, no config check); returns its step."""
-    saved = read(ckpt)
-    apply(trainer, ckpt, saved)
-    return int(saved.state["global_step"])
