@@ -49,8 +49,10 @@ class Change:
     def describe(self, step: int) -> str:
         if self.refused:
             note = "cannot apply"
-        elif self.key in APPLIED:
+        elif self.key in APPLIED and self.key.endswith("lr"):
             note = "applied: set in the optimizer's param groups and the scheduler's base lrs"
+        elif self.key in APPLIED:
+            note = "applied: set in the optimizer's param groups"
         elif self.key in SCHEDULE:
             note = "applied: the lr schedule follows the new value"
         else:
