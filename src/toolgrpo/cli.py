@@ -153,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     from toolgrpo.data.loader import DataError
     from toolgrpo.envs.registry import EnvConfigError
     from toolgrpo.models.registry import ModelNotFound
+    from toolgrpo.models.safe_load import CheckpointError
     from toolgrpo.rollout.episode import EnvFailureError
     from toolgrpo.router.families import FamilyFileError
     from toolgrpo.router.routes import UnknownRoute
@@ -160,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     usage = (ConfigError, DataError, ModelNotFound, FileNotFoundError, EnvConfigError)
     try:
         return args.func(args)
-    except (*usage, UnknownRoute, FamilyFileError, EnvFailureError) as e:
+    except (*usage, UnknownRoute, FamilyFileError, EnvFailureError, CheckpointError) as e:
         print(f"toolgrpo {args.command}: error: {e}", file=sys.stderr)
         return 2
     except RuntimeError as e:  # asynchronous rollouts hand the producer's error on as the cause

@@ -130,12 +130,12 @@ def test_resume_continues_the_sampler_and_trajectory(make_train_config, tmp_path
         assert a["actor/pg_loss"] == pytest.approx(b["actor/pg_loss"], abs=1e-5)
 
 
-def test_resume_disable_and_explicit_dir(make_train_config, tmp_path):
+def test_resume_explicit_dir(make_train_config, tmp_path):
+    """(``trainer.resume=disable`` in a used directory is refused now: tests/trainer/
+    test_output_dir.py.)"""
     out = tmp_path / "r"
     Trainer(make_train_config(steps=2, out=out, **{"trainer.save_freq": 1})).fit()
     assert [s for s, _ in list_checkpoints(out)] == [1, 2]
-    fresh = Trainer(make_train_config(steps=2, out=out, **{"trainer.resume": "disable"}))
-    assert fresh.step == 0
     ckpt1 = out / "checkpoints" / "global_step_1"
     explicit = Trainer(make_train_config(steps=2, out=out, **{"trainer.resume": str(ckpt1)}))
     assert explicit.step == 1
@@ -162,7 +162,7 @@ def test_lora_run_resumes(make_train_config, tmp_path):
     assert resumed.step == 1
     resumed.fit()
     assert _steps(out) == [1, 2]
-    with pytest.raises(ValueError, match="is_lora"):
+    with pytest.raises(ValueError, match="lora_rank 4 → 0"):
         Trainer(make_train_config(steps=3, out=out, **{"trainer.save_freq": 1}))
 
 

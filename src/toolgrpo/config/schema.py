@@ -259,6 +259,9 @@ class TrainerConfig:
     test_freq: int = -1  # -1 = never during training
     val_before_train: bool = False
     resume: str = "auto"  # "auto" | "disable" | a checkpoint directory
+    # An output_dir holding another run is refused; true moves it aside to <dir>.old-<UTC time>
+    # (never deleted) and starts fresh, as Hugging Face Trainer's key of the same name.
+    overwrite_output_dir: bool = False
     max_checkpoints: int = 2
     seed: int = 0
     logger: list[str] = field(default_factory=lambda: ["console", "jsonl", "tensorboard"])

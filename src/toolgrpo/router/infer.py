@@ -7,10 +7,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from toolgrpo.data.task import Task
 from toolgrpo.envs.base import EnvStart
+from toolgrpo.models.safe_load import CorruptCheckpoint, load_torch_file
 from toolgrpo.rollout.prompts import render_prompt
 from toolgrpo.router.families import FamilyMap, message_tools, read_family_file, spec_tools
 from toolgrpo.router.policy import RouterPolicy
@@ -32,7 +31,9 @@ def load_router(cfg: Any, lm: Any, checkpoint: str | None) -> tuple[RouterPolicy
     ``router.enable`` is set, else None; the flag says whether the head is fresh."""
     path = Path(checkpoint) / ROUTER_FILE if checkpoint else None
     if path is not None and path.is_file():
-        state = torch.load(path, map_location="cpu", weights_only=False)
+        state = load_torch_file(path)  # weights-only: a crafted router.pt is refused, not run
+        if not isinstance(state, dict) or not isinstance(state.get("meta"), dict):
+            raise CorruptCheckpoint(f"{path} lacks the router head's meta")
         meta = state["meta"]
         router = RouterPolicy(lm, meta["routes"], meta["pooling"], meta["head_hidden"], lr=1.0)
         router.load_state_dict(state)

@@ -109,7 +109,10 @@ class RouterPolicy:
                 )
         self.head.load_state_dict(state["head"])
         if state.get("optimizer") is not None and not self.shared:
+            lrs = [g["lr"] for g in self.optimizer.param_groups]  # router.lr as configured now
             self.optimizer.load_state_dict(state["optimizer"])
+            for g, lr in zip(self.optimizer.param_groups, lrs, strict=True):
+                g["lr"] = lr
 
 
 def _follow_schedule(scheduler: Any, group: dict[str, Any]) -> None:

@@ -44,6 +44,7 @@ class SFTTrainerConfig:
     total_training_steps: int = -1  # -1 = total_epochs over the data
     save_freq: int = 10
     resume: str = "auto"
+    overwrite_output_dir: bool = False  # as trainer.overwrite_output_dir of toolgrpo train
     max_checkpoints: int = 1
     seed: int = 0
     grad_clip: float = 1.0

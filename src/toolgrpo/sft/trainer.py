@@ -16,13 +16,16 @@ from toolgrpo.config.loader import to_yaml
 from toolgrpo.config.schema import as_dict
 from toolgrpo.models.loading import load_policy, save_hf_model, trainable_parameters
 from toolgrpo.models.logprobs import masked_token_logprobs
+from toolgrpo.models.safe_load import CorruptCheckpoint
 from toolgrpo.rollout.hf import stop_token_ids
 from toolgrpo.sft.config import SFTConfig
 from toolgrpo.sft.data import SFTExample, build_examples
 from toolgrpo.trainer.checkpoint import load_torch, read_state, save_torch, write_checkpoint
+from toolgrpo.trainer.config_diff import check_resume_config, load_optimizer
 from toolgrpo.trainer.optim import lr_factor
+from toolgrpo.trainer.resume import announce, pick_checkpoint, prepare_output_dir
 from toolgrpo.trainer.sampler import TaskSampler
-from toolgrpo.trainer.state import find_resume_point, load_weights
+from toolgrpo.trainer.state import apply_weights, check_lora, read_weights
 from toolgrpo.trainer.tracking import Tracker
 
 
@@ -55,7 +58,7 @@ class SFTTrainer:
             torch.set_num_threads(t.num_threads)
         torch.manual_seed(t.seed)
         self.out = Path(t.output_dir)
-        self.out.mkdir(parents=True, exist_ok=True)
+        prepare_output_dir(self.out, t.resume, t.overwrite_output_dir, as_dict(cfg))
         self.policy = load_policy(cfg.model, trainable=True)
         tok = self.policy.tokenizer
         self.examples, self.dropped = build_examples(
@@ -79,9 +82,9 @@ class SFTTrainer:
             self.optimizer, lambda s: lr_factor(s, o.lr_warmup_steps, self.total_steps, o)
         )
         self.step = 0
-        ckpt = find_resume_point(t.resume, self.out)
-        if ckpt is not None:
-            self._load(ckpt)
+        found = pick_checkpoint(self.out, t.resume, self._read)
+        if found is not None:
+            self._load(*found)
 
     def fit(self) -> dict[str, Any]:
         (self.out / "config.yaml").write_text(to_yaml(self.cfg))
@@ -152,14 +155,25 @@ class SFTTrainer:
             self.out, self.step, state, self._payload, keep=self.cfg.trainer.max_checkpoints
         )
 
-    def _load(self, ckpt: Path) -> None:
+    def _read(self, ckpt: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor], Any]:
+        """Every file, checked before anything is applied (a corrupt one falls back)."""
         state = read_state(ckpt)
-        load_weights(self.policy, ckpt, state["is_lora"])
+        weights = read_weights(ckpt, bool(state["is_lora"]))
         opt = load_torch(ckpt / "optimizer.pt")
-        self.optimizer.load_state_dict(opt["optimizer"])
-        self.scheduler.load_state_dict(opt["scheduler"])
+        if not isinstance(opt, dict) or not {"optimizer", "scheduler"} <= opt.keys():
+            raise CorruptCheckpoint(f"{ckpt / 'optimizer.pt'} lacks the optimizer or scheduler")
+        return state, weights, opt
+
+    def _load(self, ckpt: Path, saved: tuple[dict[str, Any], dict[str, Any], Any]) -> None:
+        state, weights, opt = saved
+        step = int(state["global_step"])
+        changes = check_resume_config(ckpt, state.get("config"), as_dict(self.cfg), step)
+        check_lora(ckpt, state["is_lora"], self.policy)
+        apply_weights(self.policy, weights, ckpt)
+        load_optimizer(self.optimizer, self.scheduler, opt["optimizer"], opt["scheduler"], ckpt)
         self.sampler.load_state_dict(state["sampler"])
-        self.step = int(state["global_step"])
+        self.step = step
+        announce(ckpt, step, changes)
 
     def _finish(self, last: dict[str, float]) -> dict[str, Any]:
         final = self.out / ("adapter" if self.policy.is_lora else "model")

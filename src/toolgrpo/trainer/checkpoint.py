@@ -12,6 +12,8 @@ from typing import Any
 
 import torch
 
+from toolgrpo.models.safe_load import CorruptCheckpoint, load_torch_file
+
 STEP_DIR = re.compile(r"^global_step_(\d+)$")
 STATE_FILE = "trainer_state.json"
 
@@ -69,7 +71,18 @@ def write_checkpoint(
 
 
 def read_state(ckpt: Path) -> dict[str, Any]:
-    return json.loads((ckpt / STATE_FILE).read_text())
+    """The checkpoint's ``trainer_state.json``; a torn or incomplete one is a corrupt checkpoint."""
+    path = ckpt / STATE_FILE
+    try:
+        state = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CorruptCheckpoint(f"{path} is unreadable ({type(e).__name__})") from None
+    if not isinstance(state, dict):
+        raise CorruptCheckpoint(f"{path} is not a JSON object")
+    missing = [k for k in ("global_step", "sampler", "is_lora") if k not in state]
+    if missing:
+        raise CorruptCheckpoint(f"{path} lacks {', '.join(missing)}")
+    return state
 
 
 def save_torch(obj: Any, path: Path) -> None:
@@ -77,7 +90,8 @@ def save_torch(obj: Any, path: Path) -> None:
 
 
 def load_torch(path: Path) -> Any:
-    return torch.load(path, map_location="cpu", weights_only=False)
+    """Tensors and plain containers only: a crafted pickle is refused, never run."""
+    return load_torch_file(path)
 
 
 def _fsync_dir(d: Path) -> None:

@@ -3,41 +3,35 @@
 Layout of ``checkpoints/global_step_N``: ``model/`` (safetensors ``from_pretrained`` loads; LoRA
 merged), ``adapter/`` (LoRA runs), ``optimizer.pt`` (optimizer, scheduler, value head, KL
 controller), ``router.pt`` (router head and budget state, with ``router.enable``),
-``trainer_state.json`` (step, sampler position, config) — written last.
+``trainer_state.json`` (step, sampler position, config) — written last. The ``.pt`` files hold
+tensors and plain containers only and are read weights-only: loading one never runs code.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+import torch
 from safetensors.torch import load_file
 
+from toolgrpo.config.loader import ConfigError
 from toolgrpo.config.schema import as_dict
 from toolgrpo.models.loading import Policy, save_hf_model
+from toolgrpo.models.safe_load import CorruptCheckpoint
 from toolgrpo.router.infer import ROUTER_FILE
 from toolgrpo.trainer.checkpoint import (
-    latest_checkpoint,
     load_torch,
     read_state,
     save_torch,
     write_checkpoint,
 )
+from toolgrpo.trainer.config_diff import check_resume_config, load_optimizer
+from toolgrpo.trainer.resume import announce, pick_checkpoint
 
 if TYPE_CHECKING:
     from toolgrpo.trainer.trainer import Trainer
-
-
-def find_resume_point(resume: str, output_dir: Path) -> Path | None:
-    """``auto``: the latest complete checkpoint, if any; ``disable``: none; else that directory."""
-    if resume == "disable":
-        return None
-    if resume == "auto":
-        return latest_checkpoint(output_dir)
-    p = Path(resume)
-    if not (p / "trainer_state.json").is_file():
-        raise FileNotFoundError(f"trainer.resume={resume!r} is not a checkpoint directory")
-    return p
 
 
 def save(trainer: Trainer, step: int) -> Path:
@@ -72,39 +66,96 @@ def save(trainer: Trainer, step: int) -> Path:
     )
 
 
-def load_weights(policy: Policy, ckpt: Path, is_lora: bool) -> None:
-    """Load a checkpoint's trainable weights (LoRA adapter, or full model) into ``policy``."""
-    if is_lora != policy.is_lora:
-        raise ValueError(f"{ckpt} was saved with is_lora={is_lora}; the config disagrees")
-    if policy.is_lora:
-        from peft import set_peft_model_state_dict
+@dataclass
+class Saved:
+    """A checkpoint read whole into memory before anything is applied, so a corrupt file is
+    found before the run's state is touched."""
 
-        weights = load_file(str(ckpt / "adapter" / "adapter_model.safetensors"))
-        set_peft_model_state_dict(policy.model, weights)
-        return
-    weights = {}
-    for f in sorted((ckpt / "model").glob("*.safetensors")):
-        weights.update(load_file(str(f)))
-    missing, unexpected = policy.model.load_state_dict(weights, strict=False)
+    state: dict[str, Any]
+    weights: dict[str, torch.Tensor]
+    opt: dict[str, Any]
+    router: dict[str, Any] | None
+
+
+def read_weights(ckpt: Path, is_lora: bool) -> dict[str, torch.Tensor]:
+    """The trainable weights: the LoRA adapter, or the full model's safetensors."""
+    if is_lora:
+        files = [ckpt / "adapter" / "adapter_model.safetensors"]
+    else:
+        files = sorted((ckpt / "model").glob("*.safetensors"))
+    if not files or not all(f.is_file() for f in files):
+        want = "adapter/adapter_model.safetensors" if is_lora else "model/*.safetensors"
+        raise CorruptCheckpoint(f"{ckpt} has no {want}")
+    weights: dict[str, torch.Tensor] = {}
+    for f in files:
+        try:
+            weights.update(load_file(str(f)))
+        except Exception as e:  # safetensors raises its own error type for torn files
+            raise CorruptCheckpoint(f"{f} is unreadable ({str(e).splitlines()[0]})") from None
+    return weights
+
+
+def apply_weights(policy: Policy, weights: dict[str, torch.Tensor], ckpt: Path) -> None:
+    """Load read weights into ``policy``; weights of another shape are a one-line error."""
+    try:
+        if policy.is_lora:
+            from peft import set_peft_model_state_dict
+
+            set_peft_model_state_dict(policy.model, weights)
+            return
+        missing, unexpected = policy.model.load_state_dict(weights, strict=False)
+    except RuntimeError as e:  # size mismatches
+        first = next((ln.strip() for ln in str(e).splitlines() if "size mismatch" in ln), str(e))
+        raise ConfigError(f"{ckpt}: weights do not fit the model ({first[:300]})") from None
     tied = policy.model.config.tie_word_embeddings
     allowed = {k for k in missing if "lm_head" in k} if tied else set()
     if set(missing) - allowed or unexpected:
-        raise ValueError(f"{ckpt}: weights do not fit the model ({missing}, {unexpected})")
+        raise ConfigError(f"{ckpt}: weights do not fit the model ({missing}, {unexpected})")
 
 
-def load(trainer: Trainer, ckpt: Path) -> int:
-    """Restore weights, optimizer, sampler and KL state; returns the checkpoint's step."""
+def check_lora(ckpt: Path, is_lora: bool, policy: Policy) -> None:
+    """A LoRA checkpoint resumes only a LoRA run, and a full one only a full one."""
+    if bool(is_lora) != policy.is_lora:
+        raise ConfigError(f"{ckpt} was saved with is_lora={is_lora}; the config disagrees")
+
+
+def read(ckpt: Path) -> Saved:
+    """Every file of a GRPO checkpoint, checked; ``CorruptCheckpoint`` names the first bad one."""
     state = read_state(ckpt)
-    policy, actor = trainer.policy, trainer.actor
-    load_weights(policy, ckpt, state["is_lora"])
+    weights = read_weights(ckpt, bool(state["is_lora"]))
     opt = load_torch(ckpt / "optimizer.pt")
-    actor.optimizer.load_state_dict(opt["optimizer"])
-    actor.scheduler.load_state_dict(opt["scheduler"])
-    if actor.value_head is not None and opt["value_head"] is not None:
+    if not isinstance(opt, dict) or not {"optimizer", "scheduler"} <= opt.keys():
+        raise CorruptCheckpoint(f"{ckpt / 'optimizer.pt'} lacks the optimizer or scheduler")
+    had_router = (state.get("config") or {}).get("router", {}).get("enable", False)
+    router = load_torch(ckpt / ROUTER_FILE) if had_router or (ckpt / ROUTER_FILE).exists() else None
+    return Saved(state, weights, opt, router)
+
+
+def resume(trainer: Trainer) -> int:
+    """Restore the newest intact checkpoint (per ``trainer.resume``) after checking the config
+    against the one it was saved with; returns its step (0: a fresh start)."""
+    found = pick_checkpoint(trainer.out, trainer.cfg.trainer.resume, read)
+    if found is None:
+        return 0
+    ckpt, saved = found
+    step = int(saved.state["global_step"])
+    changes = check_resume_config(ckpt, saved.state.get("config"), as_dict(trainer.cfg), step)
+    apply(trainer, ckpt, saved)
+    announce(ckpt, step, changes)
+    return step
+
+
+def apply(trainer: Trainer, ckpt: Path, saved: Saved) -> None:
+    """Weights, optimizer (with the config's hyperparameters), sampler, KL and router state."""
+    policy, actor, opt = trainer.policy, trainer.actor, saved.opt
+    check_lora(ckpt, saved.state["is_lora"], policy)
+    apply_weights(policy, saved.weights, ckpt)
+    load_optimizer(actor.optimizer, actor.scheduler, opt["optimizer"], opt["scheduler"], ckpt)
+    if actor.value_head is not None and opt.get("value_head") is not None:
         actor.value_head.load_state_dict(opt["value_head"])
-    if hasattr(trainer.kl_ctrl, "value"):
-        trainer.kl_ctrl.value = opt["kl_coef"]
-    if trainer.router is not None and (ckpt / ROUTER_FILE).is_file():
-        trainer.router.load_state_dict(load_torch(ckpt / ROUTER_FILE))  # head, λ, dual window
-    trainer.sampler.load_state_dict(state["sampler"])
-    return int(state["global_step"])
+    # An adaptive coefficient is state; a fixed one is config (a changed kl_coef applies).
+    if hasattr(trainer.kl_ctrl, "target") and opt.get("kl_coef") is not None:
+        trainer.kl_ctrl.value = float(opt["kl_coef"])
+    if trainer.router is not None and saved.router is not None:
+        trainer.router.load_state_dict(saved.router)  # head, λ, dual window
+    trainer.sampler.load_state_dict(saved.state["sampler"])

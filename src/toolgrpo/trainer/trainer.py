@@ -23,7 +23,7 @@ from toolgrpo.algos import (
 )
 from toolgrpo.algos.utils import masked_mean
 from toolgrpo.config.loader import ConfigError, to_yaml
-from toolgrpo.config.schema import TrainConfig
+from toolgrpo.config.schema import TrainConfig, as_dict
 from toolgrpo.config.validate import validate_train_config
 from toolgrpo.data.loader import load_tasks
 from toolgrpo.data.task import Task
@@ -44,6 +44,7 @@ from toolgrpo.trainer.episode_metrics import episode_metrics
 from toolgrpo.trainer.episodes import EpisodeRunner, make_router, warn_env_failures
 from toolgrpo.trainer.metrics import batch_metrics, negative_metrics
 from toolgrpo.trainer.replay import AsyncRollout
+from toolgrpo.trainer.resume import prepare_output_dir
 from toolgrpo.trainer.rollout_stage import Rolled, RolloutStage
 from toolgrpo.trainer.sampler import TaskSampler
 from toolgrpo.trainer.tracking import Tracker
@@ -59,7 +60,10 @@ class Trainer(RolloutStage):
             torch.set_num_threads(cfg.trainer.num_threads)
         torch.manual_seed(cfg.trainer.seed)
         self.out = Path(cfg.trainer.output_dir)
-        self.out.mkdir(parents=True, exist_ok=True)
+        # Before the model loads: an earlier run here is resumed, refused, or moved aside.
+        prepare_output_dir(
+            self.out, cfg.trainer.resume, cfg.trainer.overwrite_output_dir, as_dict(cfg)
+        )
         self.policy = load_policy(cfg.actor_rollout_ref.model)
         self.tokenizer = self.policy.tokenizer
         self.tasks = self._load(cfg.data.train_files, cfg.data.max_samples)
@@ -320,7 +324,5 @@ class Trainer(RolloutStage):
         return ckpt_state.save(self, self.step)
 
     def _resume(self) -> None:
-        ckpt = ckpt_state.find_resume_point(self.cfg.trainer.resume, self.out)
-        if ckpt is not None:
-            self.step = ckpt_state.load(self, ckpt)
-            log.info("resumed from %s at step %d", ckpt, self.step)
+        # The newest intact checkpoint, config changes checked; announced on the console.
+        self.step = ckpt_state.resume(self)
