@@ -74,6 +74,7 @@ def train_config(backend: str, steps: int, out: str, overrides: list[str]) -> Tr
         "trainer.logger=[jsonl]",
         "trainer.save_freq=-1",
         "trainer.resume=disable",
+        "trainer.overwrite_output_dir=true",  # a re-run replaces (moves aside) the last one
         "trainer.val_before_train=false",
         "trainer.test_freq=-1",
         f"trainer.output_dir={out}",

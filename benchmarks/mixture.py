@@ -39,6 +39,7 @@ DEFAULTS = [
     "rollout_only.temperature=0.8",
     "trainer.logger=[jsonl]",
     "trainer.resume=disable",
+    "trainer.overwrite_output_dir=true",  # a re-run replaces (moves aside) the last one
     "trainer.save_hf_model=false",
 ]
 KEYS = {  # what each step row keeps: name in the JSON -> metric

@@ -140,6 +140,7 @@ def main(argv: list[str]) -> None:
         "trainer.logger=[jsonl]",
         "trainer.save_freq=-1",
         "trainer.resume=disable",
+        "trainer.overwrite_output_dir=true",  # a re-run replaces (moves aside) the last one
         "trainer.test_freq=-1",
         *extra,
     ]

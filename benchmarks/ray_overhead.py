@@ -49,6 +49,7 @@ DEFAULTS = [
     "trainer.test_freq=-1",
     "trainer.save_freq=-1",
     "trainer.resume=disable",
+    "trainer.overwrite_output_dir=true",  # a re-run replaces (moves aside) the last one
     "trainer.logger=[jsonl]",
 ]
 TINY = [

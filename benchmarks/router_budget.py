@@ -63,6 +63,8 @@ BASE = [
     "trainer.save_freq=-1",
     "trainer.max_checkpoints=1",
     "trainer.logger=[jsonl]",
+    "trainer.resume=disable",
+    "trainer.overwrite_output_dir=true",  # a re-run replaces (moves aside) the last one
 ]
 TOLERANCE = 0.05
 
