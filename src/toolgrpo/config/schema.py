@@ -324,7 +324,9 @@ class TrainConfig:
 
 
 def as_dict(cfg: Any) -> dict:
-    """A plain dict of a config dataclass, for logging and checkpoints."""
+    """A plain dict of a config dataclass, for logging and checkpoints (secrets redacted)."""
     from dataclasses import asdict
 
-    return asdict(cfg)
+    from toolgrpo.config.loader import redact_secrets
+
+    return redact_secrets(asdict(cfg))

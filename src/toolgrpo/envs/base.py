@@ -45,6 +45,10 @@ class Env(ABC):
     # Set by an environment that can no longer serve the episode (e.g. its server died): the
     # episode loop stops it with stop reason "env_error" and the configured error reward.
     fatal_error: str | None = None
+    # Served remotely (toolgrpo serve-env), an environment gets the task's answer only when asked
+    # for the reward; one that needs it earlier (to run a reference solution beside the model's
+    # calls, say) sets this, on its class or on its factory function.
+    needs_ground_truth_at_reset: bool = False
 
     @abstractmethod
     async def reset(self) -> EnvStart: ...
