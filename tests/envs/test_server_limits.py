@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -157,6 +158,24 @@ def test_env_that_declares_it_gets_ground_truth_at_reset(monkeypatch) -> None:
     from toolgrpo.envs.server import needs_ground_truth_at_reset
 
     assert needs_ground_truth_at_reset(make_bfcl_env)
+
+
+def test_served_calculator_scores_with_the_answer_sent_at_reward() -> None:
+    """A built-in env reads the answer when scoring, so withholding it at reset keeps rewards."""
+    task = Task("c1", ({"role": "user", "content": "6*7?"},), "42", task_type="calculator")
+    msgs = [{"role": "assistant", "content": "<answer>42</answer>"}]
+
+    async def go(url: str) -> tuple[float, float]:
+        scores = []
+        for t in (task, replace(task, ground_truth="41")):
+            env = remote(url, t)
+            await env.reset()
+            scores.append((await env.reward(Transcript(msgs, "", "answer", 1))).score)
+            await env.close()
+        return scores[0], scores[1]
+
+    with thread_server("calculator") as u:
+        assert asyncio.run(go(u)) == (1.0, 0.0)
 
 
 # ---- issue 15 item 10: serve-env limits and secrets -------------------------------------------
