@@ -243,9 +243,18 @@ def test_no_api_docs_and_case_insensitive_scheme() -> None:
         assert asyncio.run(lower_case_handshake()) == "start"
 
 
-def test_startup_checks_of_options_port_and_limits(capsys) -> None:
+def _never_serve(monkeypatch: pytest.MonkeyPatch) -> None:
+    def run(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("serve-env started serving despite bad input")
+
+    monkeypatch.setattr(uvicorn, "run", run)
+
+
+def test_startup_checks_of_options_port_and_limits(capsys, monkeypatch) -> None:
     """Defect: bad --option / --port values were accepted and failed later (or never)."""
     from toolgrpo.cli import main
+
+    _never_serve(monkeypatch)
 
     with pytest.raises(EnvConfigError, match="unknown calculator option"):
         create_app("calculator", {"timeout": 3})
@@ -273,6 +282,7 @@ def test_token_not_on_the_command_line(tmp_path, monkeypatch, capsys) -> None:
     list) or the environment; --token is now refused with what to use instead."""
     from toolgrpo.cli import main
 
+    _never_serve(monkeypatch)
     monkeypatch.delenv("TOOLGRPO_ENV_TOKEN", raising=False)
     assert main(["serve-env", "calculator", "--token", "s3cret"]) == 2
     err = capsys.readouterr().err
