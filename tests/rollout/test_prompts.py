@@ -3,6 +3,7 @@ system prompt and tool specs, and the router's longest route note, not only the 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -153,3 +154,24 @@ def test_trainer_filters_on_the_calculator_opening(make_train_config, tmp_path) 
         assert len(trainer.tasks) == 4 and trainer.sampler.num_tasks == 4
     finally:
         trainer.close()
+
+
+def test_router_routes_on_a_calculator_opening(tokenizer) -> None:
+    """The router's own route rewrites: the CALCULATE note makes the calculator's opening longer
+    than the plain one, ANSWER (no tools) shorter; the filter goes by the longest route."""
+    from toolgrpo.router.families import FamilyMap
+    from toolgrpo.router.runtime import RouteCondition
+
+    envs = EnvRouter()
+    tasks = [task(0, "calculator"), task(1, "calculator")]
+    routes = [RouteCondition(r, FamilyMap()) for r in ("ANSWER", "CALCULATE")]
+    env = envs.make(tasks[0])
+    start = asyncio.run(env.reset())
+    plain = opening_length(tokenizer, start)
+    answer, calc = (opening_length(tokenizer, start, [r]) for r in routes)
+    assert answer < plain < calc
+    assert filter_overlong(tokenizer, tasks, plain, envs) == tasks
+    assert filter_overlong(tokenizer, tasks, calc, envs, routes) == tasks
+    with pytest.raises(DataError):
+        filter_overlong(tokenizer, tasks, calc - 1, envs, routes)
+    assert filter_overlong(tokenizer, tasks, calc - 1, envs, routes[:1]) == tasks
