@@ -153,9 +153,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--token", default=None, help="refused: use $TOOLGRPO_ENV_TOKEN or --token-file")
     p.add_argument("--token-file", default=None, help="file holding the bearer token")
     p.add_argument(
-        "--idle-timeout", type=float, default=300.0, help="close sessions idle this many seconds"
+        "--idle-timeout", type=float, default=600.0, help="close sessions idle this many seconds"
     )
-    p.add_argument("--max-sessions", type=int, default=64, help="open sessions at most")
+    p.add_argument("--max-sessions", type=int, default=1024, help="open sessions at most")
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="env option")
     imp = "import MODULE first (to register custom environment types)"
     p.add_argument(

@@ -231,8 +231,8 @@ def create_app(
     env_type: str,
     options: Mapping[str, Any],
     token: str | None = None,
-    idle_timeout_s: float = 300.0,
-    max_sessions: int = 64,
+    idle_timeout_s: float = 600.0,
+    max_sessions: int = 1024,
 ) -> FastAPI:
     """An app serving ``env_type``; raises ``EnvConfigError`` now if the type or an option is
     unknown, ``ValueError`` for limits out of range."""
@@ -366,8 +366,8 @@ def serve(
     port: int = 8900,
     token: str | None = None,
     access_log: bool = False,
-    idle_timeout_s: float = 300.0,
-    max_sessions: int = 64,
+    idle_timeout_s: float = 600.0,
+    max_sessions: int = 1024,
 ) -> None:
     """Run the server until interrupted; refuses a non-loopback address without a token."""
     if not 1 <= port <= 65535:
