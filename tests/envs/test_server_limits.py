@@ -69,7 +69,8 @@ class EarlyGroundTruthSpyEnv(GroundTruthSpyEnv):
 
 def make_task(i: int = 0, task_type: str = "spy") -> Task:
     msgs = ({"role": "user", "content": f"what is {i}?"},)
-    return Task(f"t{i}", msgs, f"answer-{i}", task_type=task_type)
+    meta = {"index": i, "output_sft": f"worked solution: answer-{i}"}
+    return Task(f"t{i}", msgs, f"answer-{i}", task_type=task_type, meta=meta)
 
 
 @contextmanager
@@ -135,7 +136,8 @@ def test_reset_sends_no_ground_truth_and_reward_still_scores(monkeypatch) -> Non
         miss = asyncio.run(_score(remote(u, make_task(2)), "so it is answer-1"))
     resets = [f for f in frames if f["op"] == "reset"]
     assert len(resets) == 2 and all("ground_truth" not in f["task"] for f in resets)
-    assert "answer-1" not in json.dumps(resets)
+    assert "answer-1" not in json.dumps(resets)  # nor the reference solution in meta
+    assert resets[0]["task"]["meta"] == {"index": 1}
     assert GroundTruthSpyEnv.seen_at_reset == ["", ""]
     rewards = [f for f in frames if f["op"] == "reward"]
     assert [f["ground_truth"] for f in rewards] == ["answer-1", "answer-2"]

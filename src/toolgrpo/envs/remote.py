@@ -90,6 +90,9 @@ class RemoteOptions:
         return out
 
 
+_ANSWER_META = ("output_sft",)  # Task.meta keys that hold a reference answer (data/loader.py)
+
+
 def _read_token_file(path: str) -> str:
     try:
         token = Path(path).expanduser().read_text(encoding="utf-8").strip()
@@ -150,8 +153,9 @@ class RemoteEnv(Env):
         # a server that says nothing (an older one) gets the whole task, as before.
         wanted = self._ws.response.headers.get(GROUND_TRUTH_HEADER) if self._ws.response else None
         self._ground_truth_sent = wanted in (None, "reset")
-        if not self._ground_truth_sent:
-            task = replace(task, ground_truth="")
+        if not self._ground_truth_sent:  # the reference solution (SFT target) is an answer too
+            meta = {k: v for k, v in task.meta.items() if k not in _ANSWER_META}
+            task = replace(task, ground_truth="", meta=meta)
         msg = {"op": "reset", "task": task_to_dict(task)}
         if not self._ground_truth_sent:
             del msg["task"]["ground_truth"]
