@@ -282,7 +282,10 @@ def create_app(
             return
         if app.state.sessions >= max_sessions:
             msg = f"server at its session limit ({max_sessions}): retry later"
-            await websocket.send_denial_response(PlainTextResponse(msg, status_code=503))
+            try:
+                await websocket.send_denial_response(PlainTextResponse(msg, status_code=503))
+            except RuntimeError:  # an ASGI server without denial responses: a plain refusal
+                await websocket.close(code=1013, reason=msg)
             return
         app.state.sessions += 1  # counted before accept: no await between check and count
         try:
