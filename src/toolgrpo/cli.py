@@ -89,13 +89,29 @@ def cmd_serve_env(args: argparse.Namespace) -> int:
     import importlib
 
     from toolgrpo.envs.registry import EnvConfigError
-    from toolgrpo.envs.server import parse_options, serve
+    from toolgrpo.envs.server import TOKEN_ENV, parse_options, read_token, serve
 
-    token = args.token or os.environ.get("TOOLGRPO_ENV_TOKEN") or None
+    if args.token is not None:  # kept as an option only to say what to use instead
+        print(
+            "toolgrpo serve-env: error: --token would show the token to every user of this "
+            f"machine (process list); set {TOKEN_ENV} or pass --token-file PATH",
+            file=sys.stderr,
+        )
+        return 2
     try:
+        token = read_token(args.token_file)
         for module in args.imports:  # modules that register custom env types
             importlib.import_module(module)
-        serve(args.name, parse_options(args.option), args.host, args.port, token, args.verbose)
+        serve(
+            args.name,
+            parse_options(args.option),
+            args.host,
+            args.port,
+            token,
+            args.verbose,
+            idle_timeout_s=args.idle_timeout,
+            max_sessions=args.max_sessions,
+        )
     except (EnvConfigError, ValueError, ImportError) as e:
         print(f"toolgrpo serve-env: error: {e}", file=sys.stderr)
         return 2
@@ -134,7 +150,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("name", help="a registered environment type, e.g. calculator")
     p.add_argument("--host", default="127.0.0.1", help="non-loopback addresses need a token")
     p.add_argument("--port", type=int, default=8900)
-    p.add_argument("--token", default=None, help="bearer token (default: $TOOLGRPO_ENV_TOKEN)")
+    p.add_argument("--token", default=None, help="refused: use $TOOLGRPO_ENV_TOKEN or --token-file")
+    p.add_argument("--token-file", default=None, help="file holding the bearer token")
+    p.add_argument(
+        "--idle-timeout", type=float, default=600.0, help="close sessions idle this many seconds"
+    )
+    p.add_argument("--max-sessions", type=int, default=1024, help="open sessions at most")
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="env option")
     imp = "import MODULE first (to register custom environment types)"
     p.add_argument(

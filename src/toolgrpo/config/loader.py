@@ -107,6 +107,28 @@ def load_config(schema: type[T], path: str | Path | None = None, overrides: list
         raise ConfigError(f"invalid value for {key!r}: {msg}" if key else msg) from e
 
 
+# Keys whose string values are secrets (e.g. a remote environment's ``token``): written to
+# config.yaml and checkpoints as REDACTED. ``token_env``/``token_file`` name where a secret is.
+SECRET_KEYS = frozenset({"token", "api_key", "password", "secret"})
+REDACTED = "<redacted>"
+
+
+def redact_secrets(value: Any) -> Any:
+    """A copy of nested dicts/lists with every secret-named string replaced by ``REDACTED``."""
+    if isinstance(value, dict):
+        return {
+            k: REDACTED
+            if str(k).lower() in SECRET_KEYS and isinstance(v, str) and v
+            else redact_secrets(v)
+            for k, v in value.items()
+        }
+    if isinstance(value, list | tuple):
+        return type(value)(redact_secrets(v) for v in value)
+    return value
+
+
 def to_yaml(cfg: Any) -> str:
-    """The resolved config as YAML, saved next to every run for reproducibility."""
-    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+    """The resolved config as YAML, saved next to every run for reproducibility (secrets
+    redacted: a run directory gets copied and shared)."""
+    plain = OmegaConf.to_container(OmegaConf.structured(cfg), enum_to_str=True)
+    return OmegaConf.to_yaml(OmegaConf.create(redact_secrets(plain)))

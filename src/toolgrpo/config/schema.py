@@ -21,7 +21,7 @@ class DataConfig:
     max_prompt_length: int = 1024
     max_response_length: int = 192
     truncation: str = "left"  # "left" | "error": what to do with prompts over max_prompt_length
-    filter_overlong_prompts: bool = True  # drop tasks whose prompt exceeds max_prompt_length
+    filter_overlong_prompts: bool = True  # drop tasks whose opening (env, route) is too long
     shuffle: bool = True
     seed: int = 0
     bad_rows: str = "skip"  # "skip" reports and drops malformed rows; "error" refuses the file
@@ -342,7 +342,9 @@ class TrainConfig:
 
 
 def as_dict(cfg: Any) -> dict:
-    """A plain dict of a config dataclass, for logging and checkpoints."""
+    """A plain dict of a config dataclass, for logging and checkpoints (secrets redacted)."""
     from dataclasses import asdict
 
-    return asdict(cfg)
+    from toolgrpo.config.loader import redact_secrets
+
+    return redact_secrets(asdict(cfg))

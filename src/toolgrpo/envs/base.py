@@ -48,6 +48,10 @@ class Env(ABC):
     # (lowest, highest) score ``reward`` can return, None if unknown. Rollback's negatives must not
     # score above the lowest (EpisodeRunner.check): a failed attempt would outrank a real failure.
     reward_range: tuple[float, float] | None = None
+    # Served remotely (toolgrpo serve-env), an environment gets the task's answer only when asked
+    # for the reward; one that needs it earlier (to run a reference solution beside the model's
+    # calls, say) sets this, on its class or on its factory function.
+    needs_ground_truth_at_reset: bool = False
 
     @abstractmethod
     async def reset(self) -> EnvStart: ...

@@ -73,6 +73,7 @@ class _State:
 class BfclEnv(Env):
     supports_snapshot = True
     reward_range = (0.0, 1.0)  # the fraction of turns passed in order
+    needs_ground_truth_at_reset = True  # the reference calls run turn by turn beside the model's
 
     def __init__(self, task: Task, options: BfclOptions | None = None) -> None:
         self.task = task
@@ -224,3 +225,6 @@ def _error(call: ToolCall, error_type: str, text: str) -> ToolResult:
 @register_env("bfcl_multi_turn")
 def make_bfcl_env(task: Task, options: Mapping[str, Any]) -> BfclEnv:
     return BfclEnv(task, BfclOptions.from_mapping(options))
+
+
+make_bfcl_env.needs_ground_truth_at_reset = True  # type: ignore[attr-defined]  # for serve-env

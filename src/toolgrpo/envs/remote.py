@@ -4,6 +4,10 @@ Config (one task type pointed at a server)::
 
     my_remote: {type: remote, url: "ws://127.0.0.1:8900/ws", token_env: MY_TOKEN, max_turns: 6}
 
+The token comes from ``token_env`` (a variable's name) or ``token_file`` (a path); a literal
+``token`` works but is redacted from ``config.yaml`` and checkpoints. The task's ground truth is
+sent with the reward request, not at reset, unless the server says its environment needs it then.
+
 A lost server must not stop training: any transport failure (refused, dropped, timed out, garbled)
 sets ``fatal_error``, tool calls get ``transport`` error results and the reward is ``error_reward``
 with part ``env_error``; nothing raises out of ``reset``/``step``/``reward``.
@@ -15,7 +19,8 @@ import asyncio
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -26,6 +31,7 @@ from toolgrpo.data.task import Task
 from toolgrpo.envs.base import Env, EnvReward, EnvStart, Transcript
 from toolgrpo.envs.registry import EnvConfigError, register_env
 from toolgrpo.envs.wire import (
+    GROUND_TRUTH_HEADER,
     WireError,
     call_to_dict,
     is_loopback,
@@ -41,7 +47,7 @@ from toolgrpo.tools.types import ToolCall, ToolResult
 @dataclass(frozen=True)
 class RemoteOptions:
     url: str  # ws://host:port/ws
-    token: str | None = None  # or the environment variable named by option ``token_env``
+    token: str | None = None  # or from option ``token_env`` (a variable) / ``token_file`` (a path)
     timeout_s: float = 60.0  # per request/reply
     connect_timeout_s: float = 10.0
     error_reward: float = -1.0  # the score of an episode whose server failed
@@ -51,19 +57,23 @@ class RemoteOptions:
     def parse(cls, options: Mapping[str, Any]) -> RemoteOptions:
         opts = dict(options)
         token_env = opts.pop("token_env", None)
+        token_file = opts.pop("token_file", None)
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(opts) - known)
         if unknown:
-            raise EnvConfigError(
-                f"remote env: unknown option(s) {unknown}; known: {sorted(known | {'token_env'})}"
-            )
+            known_all = sorted(known | {"token_env", "token_file"})
+            raise EnvConfigError(f"remote env: unknown option(s) {unknown}; known: {known_all}")
         url = str(opts.get("url") or "")
         if urlsplit(url).scheme not in ("ws", "wss"):
             raise EnvConfigError(f"remote env: option url must be ws://host:port/ws, got {url!r}")
-        if token_env and not opts.get("token"):
+        if sum(bool(x) for x in (opts.get("token"), token_env, token_file)) > 1:
+            raise EnvConfigError("remote env: give one of token, token_env, token_file")
+        if token_env:
             if not os.environ.get(str(token_env)):
                 raise EnvConfigError(f"remote env: token_env {token_env!r} is not set")
             opts["token"] = os.environ[str(token_env)]
+        if token_file:
+            opts["token"] = _read_token_file(str(token_file))
         try:
             out = cls(
                 url=url,
@@ -80,6 +90,19 @@ class RemoteOptions:
         return out
 
 
+_ANSWER_META = ("output_sft",)  # Task.meta keys that hold a reference answer (data/loader.py)
+
+
+def _read_token_file(path: str) -> str:
+    try:
+        token = Path(path).expanduser().read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as e:
+        raise EnvConfigError(f"remote env: cannot read token_file {path}: {e}") from e
+    if not token:
+        raise EnvConfigError(f"remote env: token_file {path} is empty")
+    return token
+
+
 class RemoteEnv(Env):
     """Proxies one episode to a server session; ``max_turns`` stays the router's (from config)."""
 
@@ -94,6 +117,7 @@ class RemoteEnv(Env):
         self.server_max_turns: int | None = None  # the served env's own value, for information
         self._ws: ClientConnection | None = None
         self._lock = asyncio.Lock()
+        self._ground_truth_sent = False  # at reset, when the server's env needs it then
 
     # ---- episode ------------------------------------------------------------------------------
     async def reset(self) -> EnvStart:
@@ -118,13 +142,25 @@ class RemoteEnv(Env):
             )
         except InvalidStatus as e:
             code = e.response.status_code
-            hint = " (check the token)" if code in (401, 403) else ""
+            hint = {401: " (check the token)", 403: " (check the token)"}.get(code, "")
+            hint = " (server at its session limit, see --max-sessions)" if code == 503 else hint
             await self._fail(f"{self.options.url} refused the session: HTTP {code}{hint}")
             return fallback
         except (OSError, asyncio.TimeoutError, WebSocketException) as e:
             await self._fail(f"cannot connect to {self.options.url}: {type(e).__name__}: {e}")
             return fallback
-        reply = await self._request({"op": "reset", "task": task_to_dict(self.task)}, "start")
+        task = self.task
+        # The answer stays here unless the server's environment declared it needs it at reset;
+        # a server that says nothing (an older one) gets the whole task, as before.
+        wanted = self._ws.response.headers.get(GROUND_TRUTH_HEADER) if self._ws.response else None
+        self._ground_truth_sent = wanted in (None, "reset")
+        if not self._ground_truth_sent:  # the reference solution (SFT target) is an answer too
+            meta = {k: v for k, v in task.meta.items() if k not in _ANSWER_META}
+            task = replace(task, ground_truth="", meta=meta)
+        msg = {"op": "reset", "task": task_to_dict(task)}
+        if not self._ground_truth_sent:
+            del msg["task"]["ground_truth"]
+        reply = await self._request(msg, "start")
         if reply is None:
             return fallback
         if reply["op"] == "error":
@@ -178,9 +214,10 @@ class RemoteEnv(Env):
         return out
 
     async def reward(self, transcript: Transcript) -> EnvReward:
-        reply = await self._request(
-            {"op": "reward", "transcript": transcript_to_dict(transcript)}, "reward"
-        )
+        msg: dict[str, Any] = {"op": "reward", "transcript": transcript_to_dict(transcript)}
+        if not self._ground_truth_sent:
+            msg["ground_truth"] = self.task.ground_truth
+        reply = await self._request(msg, "reward")
         if reply is not None and reply["op"] == "reward":
             try:
                 return reward_from_dict(reply)

@@ -5,15 +5,15 @@ trainer: if the server dies, only the episodes it was serving end, with an error
 
 Protocol (JSON text frames; every request gets exactly one reply, in order)::
 
-    {"op": "reset", "task": {task_id, messages, ground_truth, data_source, task_type, tools, meta}}
+    {"op": "reset", "task": {task_id, messages, data_source, task_type, tools, meta}}
       -> {"op": "start", "messages": [...], "tools": [...], "max_turns": N, "single_turn": bool,
           "snapshot": bool}
     {"op": "step", "calls": [{name, arguments, raw, parse_error, id}, ...]}
       -> {"op": "results", "results": [{text, is_error, error_type, name, call_id, metrics}, ...],
           "fatal_error": str | null}
     {"op": "next_user", "messages": [...]}          -> {"op": "user", "messages": [...] | null}
-    {"op": "reward", "transcript": {messages, text, stop_reason, num_turns, step}}
-      -> {"op": "reward", "score": x, "parts": {...}}
+    {"op": "reward", "transcript": {messages, text, stop_reason, num_turns, step},
+     "ground_truth": str}  -> {"op": "reward", "score": x, "parts": {...}}
     {"op": "snapshot"}                               -> {"op": "snapshot", "id": k}
     {"op": "restore", "id": k}  (id defaults to the latest snapshot) -> {"op": "restored", "id": k}
     {"op": "close"}                                  -> {"op": "closed"}, then the socket closes
@@ -22,23 +22,39 @@ Protocol (JSON text frames; every request gets exactly one reply, in order)::
 The first ``reset`` builds the session's environment with the server's fixed options (a client
 cannot change them); a second ``reset`` on the same connection is refused. Snapshots stay on the
 server, the client holds only their ids. ``GET /health`` is open; when the server has a token,
-``GET /info`` (else 401) and the ``/ws`` handshake (else 403) need ``Authorization: Bearer <tok>``.
+``GET /info`` (else 401) and the ``/ws`` handshake (else 403) need ``Authorization: Bearer <tok>``
+(scheme name in any case). There is no ``/docs`` or ``/openapi.json``.
+
+The answer stays with the trainer during the episode: the handshake reply's
+``x-toolgrpo-ground-truth`` header says ``reward`` (the default: ``reset`` carries no ground truth,
+``reward`` does, and the server puts it into the task the environment was built with just before
+scoring) or ``reset`` (an environment type that sets ``needs_ground_truth_at_reset``, e.g. one that
+runs the reference solution beside the model's calls, gets it with the task).
+
+A session idle for ``idle_timeout_s`` is closed (code 1001); past ``max_sessions`` open sessions a
+new handshake is refused with HTTP 503.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import logging
+import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from fastapi import Depends, FastAPI, Header, HTTPException, WebSocket, WebSocketDisconnect
+from starlette.responses import PlainTextResponse
 from starlette.websockets import WebSocketState
 
+from toolgrpo.data.task import Task
 from toolgrpo.envs.base import Env
-from toolgrpo.envs.registry import get_env_factory
+from toolgrpo.envs.registry import EnvConfigError, get_env_factory
 from toolgrpo.envs.wire import (
+    GROUND_TRUTH_HEADER,
     WireError,
     call_from_dict,
     is_loopback,
@@ -52,6 +68,7 @@ log = logging.getLogger(__name__)
 
 PROTOCOL_VERSION = 1
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+TOKEN_ENV = "TOOLGRPO_ENV_TOKEN"
 
 
 def _error(message: str, request: str | None = None) -> dict[str, Any]:
@@ -59,10 +76,17 @@ def _error(message: str, request: str | None = None) -> dict[str, Any]:
 
 
 def _authorized(header: str | None, token: str | None) -> bool:
+    """``Bearer <token>``; the scheme name is case-insensitive (RFC 7235), the token is not."""
     if token is None:
         return True
-    expected = f"Bearer {token}"
-    return header is not None and hmac.compare_digest(header.encode(), expected.encode())
+    scheme, _, given = (header or "").strip().partition(" ")
+    ok = hmac.compare_digest(given.strip().encode(), token.encode())
+    return scheme.lower() == "bearer" and ok
+
+
+def needs_ground_truth_at_reset(factory: Any) -> bool:
+    """Declared by an env class (or set on a factory function); the answer is withheld otherwise."""
+    return bool(getattr(factory, "needs_ground_truth_at_reset", False))
 
 
 class _Session:
@@ -72,6 +96,7 @@ class _Session:
         self.env_type = env_type
         self.options = options
         self.env: Env | None = None
+        self.task: Task | None = None  # what the env was built with (answer filled in at reward)
         self.snapshots: dict[int, Any] = {}
         self._ops = {
             "reset": self._reset,
@@ -117,7 +142,7 @@ class _Session:
         except BaseException:
             await env.close()
             raise
-        self.env = env
+        self.env, self.task = env, task
         return {
             "op": "start",
             "messages": start.messages,
@@ -147,8 +172,14 @@ class _Session:
         return {"op": "user", "messages": await self.env.next_user_turn(messages)}
 
     async def _reward(self, msg: dict[str, Any]) -> dict[str, Any]:
-        assert self.env is not None
-        reward = await self.env.reward(transcript_from_dict(msg.get("transcript")))
+        assert self.env is not None and self.task is not None
+        transcript = transcript_from_dict(msg.get("transcript"))
+        if "ground_truth" in msg:
+            # Withheld until now: environments read ``task.ground_truth`` when scoring (through
+            # ``self.task`` or a closure over the task), so the task object they were built with
+            # gets it. The server made that object from the wire; nobody else holds it.
+            object.__setattr__(self.task, "ground_truth", str(msg["ground_truth"]))
+        reward = await self.env.reward(transcript)
         return {"op": "reward", **reward_to_dict(reward)}
 
     async def _snapshot(self, msg: dict[str, Any]) -> dict[str, Any]:
@@ -177,12 +208,48 @@ class _Session:
                 log.exception("%s env failed to close", self.env_type)
 
 
-def create_app(env_type: str, options: Mapping[str, Any], token: str | None = None) -> FastAPI:
-    """An app serving ``env_type``; raises ``EnvConfigError`` now if the type is unknown."""
+def check_options(env_type: str, options: Mapping[str, Any]) -> None:
+    """Raise ``EnvConfigError`` at startup for options the env type refuses. Probed by building one
+    env on an empty task; an env that cannot be built without a real task is checked at reset."""
+    factory = get_env_factory(env_type)
+    probe = Task("options-check", ({"role": "user", "content": ""},), "")
+    try:
+        env = factory(probe, dict(options))
+    except EnvConfigError:
+        raise
+    except Exception:  # needs a real task (e.g. BFCL): its options are checked per episode
+        return
+    close = getattr(env, "close", None)
+    if close is not None:
+        try:
+            asyncio.run(close())
+        except Exception:
+            pass
+
+
+def create_app(
+    env_type: str,
+    options: Mapping[str, Any],
+    token: str | None = None,
+    idle_timeout_s: float = 600.0,
+    max_sessions: int = 1024,
+) -> FastAPI:
+    """An app serving ``env_type``; raises ``EnvConfigError`` now if the type or an option is
+    unknown, ``ValueError`` for limits out of range."""
+    if not idle_timeout_s > 0:
+        raise ValueError(f"--idle-timeout must be > 0 seconds, got {idle_timeout_s}")
+    if max_sessions < 1:
+        raise ValueError(f"--max-sessions must be >= 1, got {max_sessions}")
     factory = get_env_factory(env_type)
     options = dict(options)
-    app = FastAPI(title=f"toolgrpo env: {env_type}", docs_url=None, redoc_url=None)
+    check_options(env_type, options)
+    gt_when = b"reset" if needs_ground_truth_at_reset(factory) else b"reward"
+    # No /docs, /redoc or /openapi.json: nothing to learn there for anyone without the token.
+    app = FastAPI(
+        title=f"toolgrpo env: {env_type}", docs_url=None, redoc_url=None, openapi_url=None
+    )
     app.state.sessions = 0
+    app.state.idle_closed = 0
     # Known for env classes; for factory functions it is learnt from the first episode.
     app.state.supports_snapshot = getattr(factory, "supports_snapshot", None)
 
@@ -201,6 +268,9 @@ def create_app(env_type: str, options: Mapping[str, Any], token: str | None = No
             "supports_snapshot": app.state.supports_snapshot,
             "protocol": PROTOCOL_VERSION,
             "sessions": app.state.sessions,
+            "max_sessions": max_sessions,
+            "idle_timeout_s": idle_timeout_s,
+            "ground_truth_at": gt_when.decode(),
         }
 
     @app.websocket("/ws")
@@ -210,12 +280,29 @@ def create_app(env_type: str, options: Mapping[str, Any], token: str | None = No
             # also work, but uvicorn then logs a spurious "returned without completing handshake".
             await websocket.close(code=1008, reason="missing or wrong bearer token")
             return
-        await websocket.accept()
+        if app.state.sessions >= max_sessions:
+            msg = f"server at its session limit ({max_sessions}): retry later"
+            try:
+                await websocket.send_denial_response(PlainTextResponse(msg, status_code=503))
+            except RuntimeError:  # an ASGI server without denial responses: a plain refusal
+                await websocket.close(code=1013, reason=msg)
+            return
+        app.state.sessions += 1  # counted before accept: no await between check and count
+        try:
+            await websocket.accept(headers=[(GROUND_TRUTH_HEADER.encode(), gt_when)])
+        except BaseException:
+            app.state.sessions -= 1
+            raise
         session = _Session(env_type, options)
-        app.state.sessions += 1
         try:
             while True:
-                frame = await websocket.receive()
+                try:
+                    frame = await asyncio.wait_for(websocket.receive(), idle_timeout_s)
+                except asyncio.TimeoutError:  # a client that went quiet holds no env forever
+                    app.state.idle_closed += 1
+                    log.info("closing a session idle for %gs", idle_timeout_s)
+                    await websocket.close(code=1001, reason=f"idle for {idle_timeout_s:g}s")
+                    break
                 if frame["type"] == "websocket.disconnect":
                     break
                 text = frame.get("text")
@@ -248,13 +335,31 @@ def parse_options(pairs: list[str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise ValueError(f"--option expects key=value, got {pair!r}")
+        key = key.strip()
+        if not sep or not key or not key.replace("_", "a").replace("-", "a").isalnum():
+            raise ValueError(f"--option expects KEY=VALUE with a plain key, got {pair!r}")
+        if key in out:
+            raise ValueError(f"--option {key} given twice")
         try:
             out[key] = yaml.safe_load(value) if value else ""
         except yaml.YAMLError:
             out[key] = value
     return out
+
+
+def read_token(token_file: str | None = None) -> str | None:
+    """The server's token from ``--token-file`` or ``$TOOLGRPO_ENV_TOKEN`` (never the command
+    line, where every user of the machine can read it in the process list)."""
+    if token_file:
+        p = Path(token_file)
+        try:
+            text = p.read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as e:
+            raise ValueError(f"cannot read --token-file {p}: {e}") from e
+        if not text:
+            raise ValueError(f"--token-file {p} is empty")
+        return text
+    return os.environ.get(TOKEN_ENV) or None
 
 
 def serve(
@@ -264,19 +369,22 @@ def serve(
     port: int = 8900,
     token: str | None = None,
     access_log: bool = False,
+    idle_timeout_s: float = 600.0,
+    max_sessions: int = 1024,
 ) -> None:
     """Run the server until interrupted; refuses a non-loopback address without a token."""
+    if not 1 <= port <= 65535:
+        raise ValueError(f"--port must be in 1..65535, got {port}")
     if not is_loopback(host) and not token:
         raise ValueError(
             f"refusing to serve on {host!r} without a token: anyone who can reach it could run "
-            "the environment's tools. Pass --token (or set TOOLGRPO_ENV_TOKEN), or bind to "
-            "127.0.0.1"
+            f"the environment's tools. Set {TOKEN_ENV} or pass --token-file, or bind to 127.0.0.1"
         )
     import uvicorn
 
-    app = create_app(env_type, options, token)
+    app = create_app(env_type, options, token, idle_timeout_s, max_sessions)
     # No keepalive pings: a trainer busy generating for a minute must not lose its sessions;
-    # a dead peer is noticed by the closed socket or the client's per-message timeout.
+    # a dead peer is noticed by the closed socket, the idle timeout or the client's timeout.
     uvicorn.run(
         app,
         host=host,

@@ -13,6 +13,10 @@ from toolgrpo.data.task import Task
 from toolgrpo.envs.base import EnvReward, EnvStart, Transcript
 from toolgrpo.tools.types import ToolCall, ToolResult
 
+# The handshake reply's header saying when the client sends the task's answer: "reset" (the
+# served env needs it from the start) or "reward" (withheld until the episode is scored).
+GROUND_TRUTH_HEADER = "x-toolgrpo-ground-truth"
+
 
 class WireError(ValueError):
     """A message that does not have the shape the protocol promises."""

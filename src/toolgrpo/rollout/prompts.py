@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from toolgrpo.data.loader import DataError
+from toolgrpo.data.task import Task
+from toolgrpo.envs.base import EnvStart
+from toolgrpo.envs.registry import EnvRouter
+from toolgrpo.rollout.render import encode, render_text, with_tools
 
 log = logging.getLogger(__name__)
 
@@ -35,16 +41,100 @@ def render_prompt(
     raise ValueError(f"data.truncation must be 'left' or 'error', got {truncation!r}")
 
 
-def filter_overlong(tokenizer: Any, tasks: Sequence[Any], max_length: int) -> list[Any]:
-    """Tasks whose rendered prompt fits ``max_length`` (verl's ``filter_overlong_prompts``)."""
-    kept = [t for t in tasks if len(render_prompt(tokenizer, t.messages, 10**9)) <= max_length]
+# Rewrites an episode's opening (the router's routes); the trainer passes one per route.
+Condition = Callable[[EnvStart], EnvStart]
+_MEASURE_CONCURRENCY = 16  # environments reset at once while measuring (remote ones hold a session)
+
+
+def opening_length(
+    tokenizer: Any, start: EnvStart, conditions: Sequence[Condition] = (), env: bool = True
+) -> int:
+    """Tokens of the longest opening prompt the model can see for ``start``: each route's
+    rewrite (or ``start`` itself without routes), rendered as the episode loop renders it
+    (``with_tools`` + ``render_text``), or as single-turn rollouts do (``env=False``)."""
+    longest = 0
+    for cond in conditions or (None,):
+        s = cond(start) if cond is not None else start
+        if env:
+            messages, tools = with_tools(tokenizer, s.messages, s.tools)
+            n = len(encode(tokenizer, render_text(tokenizer, messages, tools, True)))
+        else:
+            n = len(render_prompt(tokenizer, s.messages, 10**9))
+        longest = max(longest, n)
+    return longest
+
+
+async def _env_start(envs: EnvRouter, task: Task, sem: asyncio.Semaphore) -> EnvStart | None:
+    """The environment's opening for ``task``, or ``None`` if it cannot open (that failure is
+    reported when the episode is played, not here); the environment is always closed."""
+    async with sem:
+        env = None
+        try:
+            env = envs.make(task)
+            start = await env.reset()
+            return None if env.fatal_error else start
+        except Exception:
+            return None
+        finally:
+            if env is not None:
+                try:
+                    await env.close()
+                except Exception:
+                    pass
+
+
+async def _env_starts(envs: EnvRouter, tasks: Sequence[Task]) -> list[EnvStart | None]:
+    sem = asyncio.Semaphore(_MEASURE_CONCURRENCY)
+    return list(await asyncio.gather(*(_env_start(envs, t, sem) for t in tasks)))
+
+
+def filter_overlong(
+    tokenizer: Any,
+    tasks: Sequence[Task],
+    max_length: int,
+    envs: EnvRouter | None = None,
+    conditions: Sequence[Condition] = (),
+) -> list[Task]:
+    """Tasks whose opening prompt fits ``max_length`` (verl's ``filter_overlong_prompts``),
+    measured on what the model sees: with ``envs`` (multi-turn), the environment's own opening
+    (its system prompt and tool specs, from a reset that is closed at once); with
+    ``conditions`` (the router's routes), the longest route's rewrite. A task whose environment
+    cannot open is kept: it fails as an environment error when played."""
+    if envs is not None:
+        starts = asyncio.run(_env_starts(envs, tasks))
+    else:
+        starts = [EnvStart([dict(m) for m in t.messages], []) for t in tasks]
+    kept: list[Task] = []
+    dropped: Counter[str] = Counter()
+    unmeasured: Counter[str] = Counter()
+    for task, start in zip(tasks, starts, strict=True):
+        if start is None:
+            unmeasured[task.task_type] += 1
+            kept.append(task)
+        elif opening_length(tokenizer, start, conditions, env=envs is not None) <= max_length:
+            kept.append(task)
+        else:
+            dropped[task.task_type] += 1
+    if unmeasured:
+        log.warning(
+            "kept %d tasks unmeasured for data.max_prompt_length: their environment failed to "
+            "open (%s)",
+            sum(unmeasured.values()),
+            _per_type(unmeasured),
+        )
     if not kept:
         raise DataError(f"every prompt exceeds data.max_prompt_length={max_length}")
-    if len(kept) < len(tasks):
+    if dropped:
         log.warning(
-            "dropped %d of %d prompts over %d tokens",
-            len(tasks) - len(kept),
+            "dropped %d of %d prompts over %d tokens (%s)%s",
+            sum(dropped.values()),
             len(tasks),
             max_length,
+            _per_type(dropped),
+            ", longest route measured" if conditions else "",
         )
     return kept
+
+
+def _per_type(counts: Counter[str]) -> str:
+    return ", ".join(f"{t}: {n}" for t, n in sorted(counts.items()))

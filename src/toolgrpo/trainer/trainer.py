@@ -36,7 +36,7 @@ from toolgrpo.rollout.backends import make_generator, sync_weights
 from toolgrpo.rollout.generator import SamplingParams
 from toolgrpo.rollout.hf import HFGenerator
 from toolgrpo.rollout.prompts import filter_overlong
-from toolgrpo.router.runtime import RouterRuntime
+from toolgrpo.router.runtime import RouteCondition, RouterRuntime
 from toolgrpo.trainer import state as ckpt_state
 from toolgrpo.trainer.actor import Actor
 from toolgrpo.trainer.batch import Batch
@@ -120,6 +120,8 @@ class Trainer(RolloutStage):
         if cfg.router.enable:
             envs = self.episodes.router if self.episodes is not None else None
             self.router = RouterRuntime(cfg, self.policy, self.tasks, envs, self.actor)
+        if cfg.data.filter_overlong_prompts:  # judged on the opening the model sees
+            self._drop_overlong()
         self._val_tasks: list[Task] | None = None
         self.step = 0
         self._resume()
@@ -127,10 +129,19 @@ class Trainer(RolloutStage):
 
     def _load(self, files: list[str], max_samples: int = -1) -> list[Task]:
         d = self.cfg.data
-        tasks = load_tasks(files, d.bad_rows, max_samples, check_task).tasks
-        if d.filter_overlong_prompts:
-            tasks = filter_overlong(self.tokenizer, tasks, d.max_prompt_length)
-        return tasks
+        return load_tasks(files, d.bad_rows, max_samples, check_task).tasks
+
+    def _drop_overlong(self) -> None:
+        """verl's ``filter_overlong_prompts`` on the rendered opening: each environment's system
+        prompt and tool specs (multi-turn), and the longest route's note (router on)."""
+        envs = self.episodes.router if self.episodes is not None else None
+        routes = []
+        if self.router is not None:
+            rt = self.router
+            routes = [RouteCondition(r, rt.families, rt.rc.family_tools_only) for r in rt.routes]
+        d = self.cfg.data
+        self.tasks = filter_overlong(self.tokenizer, self.tasks, d.max_prompt_length, envs, routes)
+        self.sampler = TaskSampler(len(self.tasks), d.train_batch_size, d.seed, d.shuffle)
 
     # ---- the loop ----------------------------------------------------------------------------
     def fit(self) -> list[dict[str, Any]]:
