@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import math
 import re
+from typing import Any
 
 from toolgrpo.config.loader import ConfigError
 from toolgrpo.config.router import check_router_config
+from toolgrpo.config.rules import SFT_RULES, TRAIN_RULES, check_rules
 from toolgrpo.config.schema import MultiTurnConfig, RolloutOnlyConfig, TrainConfig
 from toolgrpo.tools.types import ERROR_TYPES
 
@@ -29,6 +31,7 @@ def _positive(value: float, key: str) -> None:
 
 def validate_train_config(cfg: TrainConfig) -> None:
     """Raise ConfigError naming the key for any setting the trainer cannot honour."""
+    check_rules(cfg, TRAIN_RULES)  # every number's range and every name's choices
     d, a, r, alg = (
         cfg.data,
         cfg.actor_rollout_ref.actor,
@@ -179,3 +182,8 @@ def _check_rollout_only(cfg: TrainConfig) -> None:
             "algorithm.use_kl_in_reward would charge fixed-policy rows the fixed policy's KL "
             "under rollout_only.is_correction=ppo_clip: use actor.use_kl_loss or a tis_* correction"
         )
+
+
+def validate_sft_config(cfg: Any) -> None:
+    """Raise ConfigError naming the key for any ``toolgrpo sft`` setting out of range."""
+    check_rules(cfg, SFT_RULES)

@@ -46,7 +46,7 @@ class SFTTrainerConfig:
     resume: str = "auto"
     max_checkpoints: int = 1
     seed: int = 0
-    grad_clip: float = 1.0
+    grad_clip: float | None = 1.0  # max grad norm, > 0; null = no clipping
     logger: list[str] = field(default_factory=lambda: ["console", "jsonl", "tensorboard"])
     num_threads: int = 0
 
