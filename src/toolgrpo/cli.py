@@ -149,19 +149,40 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
     )
-    from toolgrpo.config.loader import ConfigError
-    from toolgrpo.data.loader import DataError
-    from toolgrpo.envs.registry import EnvConfigError
-    from toolgrpo.models.registry import ModelNotFound
-    from toolgrpo.router.families import FamilyFileError
-    from toolgrpo.router.routes import UnknownRoute
+    from toolgrpo.errors import one_line
 
-    usage = (ConfigError, DataError, ModelNotFound, FileNotFoundError, EnvConfigError)
     try:
         return args.func(args)
-    except (*usage, UnknownRoute, FamilyFileError) as e:
-        print(f"toolgrpo {args.command}: error: {e}", file=sys.stderr)
+    except Exception as e:
+        if not isinstance(e, user_errors()):
+            raise  # a bug: keep the traceback
+        print(f"toolgrpo {args.command}: error: {one_line(e)}", file=sys.stderr)
         return 2
+
+
+# Errors a user can fix, besides toolgrpo.errors.UserError (ConfigError, DataError,
+# ModelLoadError...): (module, class). Looked up only in modules already imported, since an
+# error of a module never imported cannot have been raised.
+USER_ERRORS = (
+    ("toolgrpo.models.registry", "ModelNotFound"),
+    ("toolgrpo.envs.registry", "EnvConfigError"),
+    ("toolgrpo.router.routes", "UnknownRoute"),
+    ("toolgrpo.router.families", "FamilyFileError"),
+    ("toolgrpo.trainer.episodes", "NonFiniteReward"),  # reward.nan_policy=error
+    ("toolgrpo.rollout.prompts", "PromptTooLong"),  # data.truncation=error
+)
+
+
+def user_errors() -> tuple[type[BaseException], ...]:
+    """The exception classes ``main`` prints as one line with exit code 2."""
+    from toolgrpo.errors import UserError
+
+    found: list[type[BaseException]] = [UserError, FileNotFoundError]
+    for module, name in USER_ERRORS:
+        loaded = sys.modules.get(module)
+        if loaded is not None and hasattr(loaded, name):
+            found.append(getattr(loaded, name))
+    return tuple(found)
 
 
 if __name__ == "__main__":

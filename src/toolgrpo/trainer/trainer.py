@@ -29,7 +29,8 @@ from toolgrpo.data.loader import load_tasks
 from toolgrpo.data.task import Task
 from toolgrpo.eval.evaluate import evaluate, val_sampling_params
 from toolgrpo.mixture import Mixture
-from toolgrpo.models.loading import load_policy
+from toolgrpo.models.loading import load_policy, load_tokenizer
+from toolgrpo.models.registry import resolve_model
 from toolgrpo.rewards.scoring import check_task
 from toolgrpo.rewards.types import RllaFlags
 from toolgrpo.rollout.backends import make_generator, sync_weights
@@ -55,6 +56,12 @@ class Trainer(RolloutStage):
     def __init__(self, cfg: TrainConfig) -> None:
         validate_train_config(cfg)
         self.cfg = cfg
+        # Data before the model: a bad file fails in seconds, not after minutes of loading. The
+        # tokenizer alone suffices to filter long prompts.
+        self.tokenizer = load_tokenizer(resolve_model(cfg.actor_rollout_ref.model.path).hf_dir)
+        self.tasks = self._load(cfg.data.train_files, cfg.data.max_samples)
+        t = cfg.trainer
+        val = self._read_val() if t.val_before_train or t.test_freq > 0 else None
         if cfg.trainer.num_threads > 0:
             torch.set_num_threads(cfg.trainer.num_threads)
         torch.manual_seed(cfg.trainer.seed)
@@ -62,7 +69,6 @@ class Trainer(RolloutStage):
         self.out.mkdir(parents=True, exist_ok=True)
         self.policy = load_policy(cfg.actor_rollout_ref.model)
         self.tokenizer = self.policy.tokenizer
-        self.tasks = self._load(cfg.data.train_files, cfg.data.max_samples)
         self.sampler = TaskSampler(
             len(self.tasks), cfg.data.train_batch_size, cfg.data.seed, cfg.data.shuffle
         )
@@ -73,6 +79,8 @@ class Trainer(RolloutStage):
         except BaseException:
             self.close()  # Ray workers or a vLLM engine already started must not outlive us
             raise
+        if val is not None:
+            self._val_tasks = val
 
     def _setup(self, cfg: TrainConfig) -> None:
         r = cfg.actor_rollout_ref.rollout
@@ -283,9 +291,7 @@ class Trainer(RolloutStage):
         """Same tasks and settings as ``toolgrpo eval`` (long prompts truncated, not dropped)."""
         d = self.cfg.data
         if self._val_tasks is None:
-            self._val_tasks = load_tasks(
-                d.val_files, d.bad_rows, d.val_max_samples, check_task
-            ).tasks
+            self._val_tasks = self._read_val()
         if self.episodes is not None:
             eps = self.episodes.play(
                 self._val_tasks, val_sampling_params(self.cfg), step, self.step, rollback=False
@@ -302,6 +308,10 @@ class Trainer(RolloutStage):
             batch_size=d.val_batch_size,
         )
         return res.metrics("val")
+
+    def _read_val(self) -> list[Task]:
+        d = self.cfg.data
+        return load_tasks(d.val_files, d.bad_rows, d.val_max_samples, check_task).tasks
 
     def close(self) -> None:
         """Stop what runs beside the trainer: Ray rollout workers, a vLLM engine."""
