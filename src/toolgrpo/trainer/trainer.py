@@ -43,7 +43,7 @@ from toolgrpo.trainer.actor import Actor
 from toolgrpo.trainer.batch import Batch
 from toolgrpo.trainer.episode_metrics import episode_metrics
 from toolgrpo.trainer.episodes import EpisodeRunner, make_router
-from toolgrpo.trainer.metrics import batch_metrics
+from toolgrpo.trainer.metrics import NoSignalWatch, batch_metrics
 from toolgrpo.trainer.replay import AsyncRollout
 from toolgrpo.trainer.rollout_stage import Rolled, RolloutStage
 from toolgrpo.trainer.sampler import TaskSampler
@@ -142,6 +142,7 @@ class Trainer(RolloutStage):
         (self.out / "config.yaml").write_text(to_yaml(self.cfg))
         tracker = Tracker(self.out, t.logger, self.total_steps, start_step=self.step)
         history = []
+        watch = NoSignalWatch(t.warn_no_signal_steps, self.cfg.algorithm.adv_estimator != "gae")
         producer = self._start_async() if self.cfg.async_training.enable else None
         try:
             if t.val_before_train and self.step == 0:
@@ -156,6 +157,8 @@ class Trainer(RolloutStage):
                 # dropped then); the reverse order would lose the step's line for good.
                 tracker.log(metrics, step)
                 history.append(metrics)
+                if (warning := watch.observe(metrics)) is not None:
+                    log.warning("step %d: %s", step, warning)
                 if (t.save_freq > 0 and step % t.save_freq == 0) or step == self.total_steps:
                     self.save_checkpoint()
         finally:
