@@ -191,6 +191,22 @@ def test_corrupt_model_directory_names_the_path(
     assert str(model) in line and "cannot load the" in line
 
 
+def test_corrupt_lora_adapter_names_the_path(tiny_model_dir, tiny_data, tmp_path, capsys):
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text("{oops")
+    args = _train(tiny_model_dir, tiny_data, tmp_path / "run")
+    assert main([*args, f"actor_rollout_ref.model.adapter_path={adapter}"]) == 2
+    assert f"cannot load the LoRA adapter at {adapter}" in _error_line(capsys, "train")
+
+
+def test_sft_reads_its_data_before_the_model(tiny_model_dir, tmp_path, capsys, no_model):
+    data = _latin1_data(tmp_path / "sft.jsonl", 2)
+    rc = main(["sft", f"model.path={tiny_model_dir}", f"data.train_files=[{data}]"])
+    assert rc == 2
+    assert "sft.jsonl" in _error_line(capsys, "sft")
+
+
 def test_bad_sft_setting_is_one_line(tiny_model_dir, capsys, no_model):
     """SFT settings were not validated at all (warmup_style=linear ran as constant)."""
     rc = main(

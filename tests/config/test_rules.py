@@ -148,11 +148,19 @@ def test_bad_sft_value_is_refused_naming_the_key(key, value):
         ("algorithm.adv_estimator=grp", "'grpo'"),
         ("trainer.logger=[consol]", "'console'"),
         (A + "loss_agg_mode=token_mean", "'token-mean'"),
+        ("router.pooling=mena", "'mean'"),
+        ("router.cost.mode=family_", "'family'"),
     ],
 )
 def test_unknown_names_suggest_the_close_one(override, suggestion):
     with pytest.raises(ConfigError, match=f"did you mean {suggestion}"):
         validate_train_config(_train(override))
+
+
+def test_extra_fixed_policy_top_k_is_checked():
+    cfg = _train("rollout_only.model_path=m", "rollout_only.extra_policies=[{top_k: -4}]")
+    with pytest.raises(ConfigError, match=r"rollout_only.extra_policies\[0\].top_k"):
+        validate_train_config(cfg)
 
 
 def test_grad_clip_null_disables_clipping_and_is_valid():

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from toolgrpo.config.loader import ConfigError
+from toolgrpo.config.router import COST_MODES, POOLINGS
 
 
 @dataclass(frozen=True)
@@ -238,6 +239,10 @@ TRAIN_RULES: dict[str, Any] = {
     _RO + "schedule.gamma": NONNEG,
     _RO + "schedule.initial_policy": OneOf(("actor", "fixed")),
     _RO + "schedule.seed": Num(0, optional=True),
+    # The router's numbers are checked by config.router.check_router_config; its names here too,
+    # for the "did you mean".
+    "router.pooling": OneOf(POOLINGS),
+    "router.cost.mode": OneOf(COST_MODES),
 }
 
 SFT_RULES: dict[str, Any] = {

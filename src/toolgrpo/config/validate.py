@@ -173,6 +173,8 @@ def _check_rollout_only(cfg: TrainConfig) -> None:
             _positive(e.temperature, f"{key}.temperature")
         if e.top_p is not None and not 0 < e.top_p <= 1:
             raise ConfigError(f"{key}.top_p must be in (0, 1], got {e.top_p}")
+        if e.top_k is not None and e.top_k < -1:
+            raise ConfigError(f"{key}.top_k must be >= -1 (-1 = off), got {e.top_k}")
         if not (math.isfinite(e.weight) and e.weight >= 0):
             raise ConfigError(f"{key}.weight must be >= 0, got {e.weight}")
     if sum(e.weight for _, e in entries) <= 0:

@@ -122,7 +122,10 @@ def _apply_lora(model: Any, cfg: ModelConfig, adapter: Path | None, trainable: b
     if adapter is not None:
         if not (adapter / "adapter_config.json").is_file():
             raise FileNotFoundError(f"LoRA adapter not found: {adapter}")
-        model = PeftModel.from_pretrained(model, str(adapter), is_trainable=trainable)
+        try:
+            model = PeftModel.from_pretrained(model, str(adapter), is_trainable=trainable)
+        except _weight_errors() as e:
+            raise ModelLoadError(f"cannot load the LoRA adapter at {adapter}: {one_line(e)}") from e
     else:
         target: Any = cfg.target_modules
         if target != "all-linear":
