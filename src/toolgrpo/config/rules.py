@@ -115,6 +115,7 @@ LOGGERS = ("console", "jsonl", "tensorboard")
 ADV_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "gae")
 AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 KL_KINDS = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")  # "+" suffix: straight-through
+IS_CORRECTIONS = ("ppo_clip", "tis_token", "tis_seq")  # toolgrpo.mixture.correction
 WARMUP_STYLES = ("constant", "cosine")  # toolgrpo.trainer.optim.lr_factor
 
 MODEL_RULES: dict[str, Any] = {
@@ -229,7 +230,7 @@ TRAIN_RULES: dict[str, Any] = {
     _RO + "top_k": Num(-1, optional=True),
     _RO + "generation_batch_size": Num(0, low_open=True, optional=True),
     _RO + "weight": NONNEG,
-    _RO + "is_correction": OneOf(("ppo_clip", "tis_token", "tis_seq")),
+    _RO + "is_correction": OneOf(IS_CORRECTIONS),
     _RO + "is_threshold": POS,
     _RO + "schedule.type": OneOf(("constant", "linear", "exponential", "step")),
     _RO + "schedule.alpha": UNIT,

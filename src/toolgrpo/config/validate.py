@@ -8,14 +8,17 @@ from typing import Any
 
 from toolgrpo.config.loader import ConfigError
 from toolgrpo.config.router import check_router_config
-from toolgrpo.config.rules import SFT_RULES, TRAIN_RULES, check_rules
+from toolgrpo.config.rules import (
+    ADV_ESTIMATORS,
+    AGG_MODES,
+    IS_CORRECTIONS,
+    KL_KINDS,
+    SFT_RULES,
+    TRAIN_RULES,
+    check_rules,
+)
 from toolgrpo.config.schema import MultiTurnConfig, RolloutOnlyConfig, TrainConfig
 from toolgrpo.tools.types import ERROR_TYPES
-
-ADV_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "gae")
-AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
-KL_KINDS = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
-IS_CORRECTIONS = ("ppo_clip", "tis_token", "tis_seq")  # toolgrpo.mixture.correction
 
 
 def _one_of(value: str, allowed: tuple[str, ...], key: str) -> None:
