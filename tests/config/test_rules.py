@@ -157,6 +157,13 @@ def test_unknown_names_suggest_the_close_one(override, suggestion):
         validate_train_config(_train(override))
 
 
+def test_no_far_fetched_suggestion():
+    with pytest.raises(ConfigError) as ei:
+        validate_train_config(_train(A + "optim.warmup_style=linear"))
+    assert "is not one of constant, cosine" in str(ei.value)
+    assert "did you mean" not in str(ei.value)
+
+
 def test_extra_fixed_policy_top_k_is_checked():
     cfg = _train("rollout_only.model_path=m", "rollout_only.extra_policies=[{top_k: -4}]")
     with pytest.raises(ConfigError, match=r"rollout_only.extra_policies\[0\].top_k"):

@@ -75,7 +75,7 @@ class OneOf:
             name = v[: -len(self.suffix)] if self.suffix and str(v).endswith(self.suffix) else v
             if name in allowed:
                 continue
-            close = difflib.get_close_matches(str(name), allowed, n=2, cutoff=0.5)
+            close = difflib.get_close_matches(str(name), allowed, n=2, cutoff=0.6)
             hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
             raise ConfigError(f"{key}={v!r} is not one of {', '.join(allowed)}{hint}")
 
