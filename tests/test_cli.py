@@ -135,6 +135,17 @@ def test_nan_reward_under_nan_policy_error(
     assert "non-finite reward" in line and "#" in line  # names the task
 
 
+def test_nan_reward_on_the_async_rollout_thread(
+    tiny_model_dir, tiny_data, tmp_path, capsys, monkeypatch
+):
+    """Raised on the rollout thread, it reached the CLI wrapped in a RuntimeError: a traceback."""
+    nan = Score(float("nan"), float("nan"), 0.0, 0.0, False, None)
+    monkeypatch.setattr(rollout_stage, "score", lambda task, text, step, flags: nan)
+    args = _train(tiny_model_dir, tiny_data, tmp_path / "run", **{"async_training.enable": "true"})
+    assert main(args) == 2
+    assert "non-finite reward" in _error_line(capsys, "train")
+
+
 def test_truncation_error_mid_run(tiny_model_dir, tiny_data, tmp_path, capsys):
     """data.truncation=error raises PromptTooLong at rollout time: one line, not a traceback."""
     extra = {"data.truncation": "error", "data.max_prompt_length": 8}

@@ -154,9 +154,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except Exception as e:
-        if not isinstance(e, user_errors()):
+        cause = user_cause(e)
+        if cause is None:
             raise  # a bug: keep the traceback
-        print(f"toolgrpo {args.command}: error: {one_line(e)}", file=sys.stderr)
+        print(f"toolgrpo {args.command}: error: {one_line(cause)}", file=sys.stderr)
         return 2
 
 
@@ -183,6 +184,18 @@ def user_errors() -> tuple[type[BaseException], ...]:
         if loaded is not None and hasattr(loaded, name):
             found.append(getattr(loaded, name))
     return tuple(found)
+
+
+def user_cause(e: BaseException) -> BaseException | None:
+    """``e`` or the first error it was raised from that the user can fix (a rollout thread's
+    NonFiniteReward arrives wrapped in the trainer's RuntimeError), else None."""
+    kinds = user_errors()
+    seen: BaseException | None = e
+    while seen is not None:
+        if isinstance(seen, kinds):
+            return seen
+        seen = seen.__cause__
+    return None
 
 
 if __name__ == "__main__":
