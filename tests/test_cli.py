@@ -168,8 +168,18 @@ def test_eval_refuses_tasks_it_cannot_score_before_generating(
     )
     assert rc == 2
     line = _error_line(capsys, "eval")
-    assert "calculator" in line and "single-turn RLLA" in line
+    assert "calculator:test holds calculator tasks" in line and "single-turn scoring" in line
     assert not (tmp_path / "e.json").exists()
+
+
+def test_training_validation_on_tasks_it_cannot_score(
+    tiny_model_dir, tiny_data, tmp_path, capsys, no_model
+):
+    """Single-turn validation of calculator tasks failed in the reward at the first validation."""
+    args = _train(tiny_model_dir, tiny_data, tmp_path / "run", **{"trainer.test_freq": 1})
+    args = [a for a in args if not a.startswith("data.val_files=")]
+    assert main([*args, "data.val_files=[calculator:test]"]) == 2
+    assert "multi_turn.enable=true" in _error_line(capsys, "train")
 
 
 def _broken_copy(src: Path, dst: Path, how: str) -> Path:

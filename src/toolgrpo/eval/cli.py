@@ -11,11 +11,10 @@ from rich.table import Table
 from toolgrpo.config.loader import load_config
 from toolgrpo.config.schema import TrainConfig
 from toolgrpo.config.validate import validate_train_config
-from toolgrpo.data.loader import DataError, load_tasks
-from toolgrpo.data.task import Task
-from toolgrpo.eval.evaluate import evaluate, val_sampling_params
+from toolgrpo.data.loader import load_tasks
+from toolgrpo.eval.evaluate import check_scorable, evaluate, val_sampling_params
 from toolgrpo.models.loading import load_policy
-from toolgrpo.rewards.scoring import check_task, supports
+from toolgrpo.rewards.scoring import check_task
 from toolgrpo.rewards.types import RllaFlags
 from toolgrpo.rollout.hf import HFGenerator
 
@@ -33,17 +32,6 @@ def apply_checkpoint(cfg: TrainConfig, checkpoint: str) -> str:
     else:
         raise FileNotFoundError(f"{p} is neither a checkpoint nor a model directory")
     return str(p)
-
-
-def check_scorable(tasks: list[Task], files: list[str]) -> None:
-    """``toolgrpo eval`` scores single-turn RLLA rows; refuse others before any generation."""
-    other = sorted({t.task_type for t in tasks if not supports(t.data_source)})
-    if other:
-        raise DataError(
-            f"toolgrpo eval scores single-turn RLLA tasks, but {', '.join(files)} holds "
-            f"{', '.join(other)} tasks (played in environments): score those with training "
-            "validation (trainer.test_freq / val_before_train with multi_turn.enable=true)"
-        )
 
 
 def run_eval(
@@ -68,7 +56,12 @@ def run_eval(
     tasks = load_tasks(d.val_files, d.bad_rows, -1, check_task).tasks
     if limit > 0:
         tasks = tasks[:limit]
-    check_scorable(tasks, d.val_files)
+    check_scorable(
+        tasks,
+        d.val_files,
+        "toolgrpo eval plays no environments: score them with training validation "
+        "(actor_rollout_ref.rollout.multi_turn.enable=true, trainer.val_before_train=true)",
+    )
     policy = load_policy(cfg.actor_rollout_ref.model, trainable=False)
     params = val_sampling_params(cfg)
     gen = HFGenerator(policy.model, policy.tokenizer, policy.dtype, d.val_batch_size)

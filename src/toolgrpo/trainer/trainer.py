@@ -27,7 +27,7 @@ from toolgrpo.config.schema import TrainConfig
 from toolgrpo.config.validate import validate_train_config
 from toolgrpo.data.loader import load_tasks
 from toolgrpo.data.task import Task
-from toolgrpo.eval.evaluate import evaluate, val_sampling_params
+from toolgrpo.eval.evaluate import check_scorable, evaluate, val_sampling_params
 from toolgrpo.mixture import Mixture
 from toolgrpo.models.loading import load_policy, load_tokenizer
 from toolgrpo.models.registry import resolve_model
@@ -62,6 +62,9 @@ class Trainer(RolloutStage):
         self.tasks = self._load(cfg.data.train_files, cfg.data.max_samples)
         t = cfg.trainer
         val = self._read_val() if t.val_before_train or t.test_freq > 0 else None
+        if val is not None and not cfg.actor_rollout_ref.rollout.multi_turn.enable:
+            hint = "set actor_rollout_ref.rollout.multi_turn.enable=true to play them"
+            check_scorable(val, cfg.data.val_files, hint)
         if cfg.trainer.num_threads > 0:
             torch.set_num_threads(cfg.trainer.num_threads)
         torch.manual_seed(cfg.trainer.seed)
