@@ -170,26 +170,55 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
     )
-    from toolgrpo.config.loader import ConfigError
-    from toolgrpo.data.loader import DataError
-    from toolgrpo.envs.registry import EnvConfigError
-    from toolgrpo.models.registry import ModelNotFound
-    from toolgrpo.models.safe_load import CheckpointError
-    from toolgrpo.rollout.episode import EnvFailureError
-    from toolgrpo.router.families import FamilyFileError
-    from toolgrpo.router.routes import UnknownRoute
+    from toolgrpo.errors import one_line
 
-    usage = (ConfigError, DataError, ModelNotFound, FileNotFoundError, EnvConfigError)
     try:
         return args.func(args)
-    except (*usage, UnknownRoute, FamilyFileError, EnvFailureError, CheckpointError) as e:
-        print(f"toolgrpo {args.command}: error: {e}", file=sys.stderr)
+    except Exception as e:
+        cause = user_cause(e)
+        if cause is None:
+            raise  # a bug: keep the traceback
+        print(f"toolgrpo {args.command}: error: {one_line(cause)}", file=sys.stderr)
         return 2
-    except RuntimeError as e:  # asynchronous rollouts hand the producer's error on as the cause
-        if not isinstance(e.__cause__, EnvFailureError):
-            raise
-        print(f"toolgrpo {args.command}: error: {e.__cause__}", file=sys.stderr)
-        return 2
+
+
+# Errors a user can fix, besides toolgrpo.errors.UserError (ConfigError, DataError,
+# ModelLoadError...): (module, class). Looked up only in modules already imported, since an
+# error of a module never imported cannot have been raised.
+USER_ERRORS = (
+    ("toolgrpo.models.registry", "ModelNotFound"),
+    ("toolgrpo.envs.registry", "EnvConfigError"),
+    ("toolgrpo.router.routes", "UnknownRoute"),
+    ("toolgrpo.router.families", "FamilyFileError"),
+    ("toolgrpo.trainer.episodes", "NonFiniteReward"),  # reward.nan_policy=error
+    ("toolgrpo.rollout.prompts", "PromptTooLong"),  # data.truncation=error
+    ("toolgrpo.rollout.episode", "EnvFailureError"),  # multi_turn.max_env_failure_ratio passed
+    ("toolgrpo.models.safe_load", "CheckpointError"),  # an unsafe or corrupt checkpoint
+)
+
+
+def user_errors() -> tuple[type[BaseException], ...]:
+    """The exception classes ``main`` prints as one line with exit code 2."""
+    from toolgrpo.errors import UserError
+
+    found: list[type[BaseException]] = [UserError, FileNotFoundError]
+    for module, name in USER_ERRORS:
+        loaded = sys.modules.get(module)
+        if loaded is not None and hasattr(loaded, name):
+            found.append(getattr(loaded, name))
+    return tuple(found)
+
+
+def user_cause(e: BaseException) -> BaseException | None:
+    """``e`` or the first error it was raised from that the user can fix (a rollout thread's
+    NonFiniteReward arrives wrapped in the trainer's RuntimeError), else None."""
+    kinds = user_errors()
+    seen: BaseException | None = e
+    while seen is not None:
+        if isinstance(seen, kinds):
+            return seen
+        seen = seen.__cause__
+    return None
 
 
 if __name__ == "__main__":

@@ -215,3 +215,42 @@ def test_check_task_refuses_unknown_data_source():
     row = {**rlla_row(0), "data_source": "gsm8k"}
     with pytest.raises(ValueError, match="no reward"):
         check_task(row_to_task(row, "s", 0))
+
+
+def _rows_with_bytes(path, bad: bytes):
+    """Row 0 good, row 1 raw ``bad`` bytes, row 2 good."""
+    good = [json.dumps(rlla_row(i)).encode() for i in range(2)]
+    path.write_bytes(good[0] + b"\n" + bad + b"\n" + good[1] + b"\n")
+    return path
+
+
+def test_non_utf8_line_is_a_bad_row_skipped_with_its_index(tmp_path):
+    """Issue 15 item 7: one Latin-1 line raised UnicodeDecodeError out of the loader (a traceback)
+    even with bad_rows=skip; it is one malformed row, reported with its index."""
+    f = _rows_with_bytes(tmp_path / "latin1.jsonl", '{"x": "caf\xe9"}'.encode("latin-1"))
+    data = load_tasks(str(f), bad_rows="skip")
+    assert len(data.tasks) == 2
+    (problem,) = data.problems
+    assert problem.index == 1 and "UTF-8" in problem.reason
+
+
+def test_non_utf8_line_under_bad_rows_error_names_the_row(tmp_path):
+    f = _rows_with_bytes(tmp_path / "latin1.jsonl", b"\xff\xfe garbage")
+    with pytest.raises(DataError, match=r"latin1\.jsonl row 1: not valid UTF-8"):
+        load_tasks(str(f), bad_rows="error")
+
+
+def test_non_utf8_json_file_is_a_data_error(tmp_path):
+    f = tmp_path / "rows.json"
+    f.write_bytes(b"[\xff]")
+    with pytest.raises(DataError, match="rows.json"):
+        load_tasks(str(f))
+
+
+@pytest.mark.parametrize("content", [b"", b"PAR1 not really parquet", b"\x00" * 64])
+def test_corrupt_parquet_is_a_data_error_naming_the_file(tmp_path, content):
+    """Issue 15 item 7: pyarrow's ArrowInvalid escaped as a traceback."""
+    f = tmp_path / "broken.parquet"
+    f.write_bytes(content)
+    with pytest.raises(DataError, match=r"broken\.parquet.*parquet"):
+        load_tasks(str(f))

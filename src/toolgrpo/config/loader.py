@@ -10,10 +10,12 @@ from typing import Any, TypeVar
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from toolgrpo.errors import UserError
+
 T = TypeVar("T")
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError):
     """A config file or override that cannot be applied; the message says what to change."""
 
 
@@ -86,6 +88,12 @@ def load_config(schema: type[T], path: str | Path | None = None, overrides: list
                 loaded = OmegaConf.create({})
         except Exception as e:  # yaml errors come in several types
             raise ConfigError(f"cannot parse {p}: {e}") from e
+        if not OmegaConf.is_dict(loaded):
+            kind = "a list" if OmegaConf.is_list(loaded) else type(loaded).__name__
+            raise ConfigError(
+                f"{p}: the top level must be a mapping of sections (data:, trainer:, ...), "
+                f"not {kind}"
+            )
         _check_keys(_flatten(OmegaConf.to_container(loaded)), allowed, str(p), free)
         layers.append(loaded)
     for item in overrides:

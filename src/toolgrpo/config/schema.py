@@ -73,7 +73,7 @@ class ActorConfig:
     use_kl_loss: bool = False
     kl_loss_coef: float = 0.001
     kl_loss_type: str = "low_var_kl"
-    grad_clip: float = 1.0
+    grad_clip: float | None = 1.0  # max grad norm, > 0; null = no clipping (norm still logged)
     logprob_chunk_size: int = 64  # response positions per lm_head chunk: bounds the [B, T, V] peak
 
 
@@ -267,6 +267,9 @@ class TrainerConfig:
     logger: list[str] = field(default_factory=lambda: ["console", "jsonl", "tensorboard"])
     num_threads: int = 0  # 0 = torch default
     save_hf_model: bool = True  # write a from_pretrained-loadable model into each checkpoint
+    # Warn when this many steps in a row carry no learning signal (every reward non-finite, or
+    # every group's scores all equal); 0 = never.
+    warn_no_signal_steps: int = 3
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
 
 

@@ -4,16 +4,21 @@ from __future__ import annotations
 
 import math
 import re
+from typing import Any
 
 from toolgrpo.config.loader import ConfigError
 from toolgrpo.config.router import check_router_config
+from toolgrpo.config.rules import (
+    ADV_ESTIMATORS,
+    AGG_MODES,
+    IS_CORRECTIONS,
+    KL_KINDS,
+    SFT_RULES,
+    TRAIN_RULES,
+    check_rules,
+)
 from toolgrpo.config.schema import MultiTurnConfig, RolloutOnlyConfig, TrainConfig
 from toolgrpo.tools.types import ERROR_TYPES
-
-ADV_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "gae")
-AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
-KL_KINDS = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
-IS_CORRECTIONS = ("ppo_clip", "tis_token", "tis_seq")  # toolgrpo.mixture.correction
 
 
 def _one_of(value: str, allowed: tuple[str, ...], key: str) -> None:
@@ -29,6 +34,7 @@ def _positive(value: float, key: str) -> None:
 
 def validate_train_config(cfg: TrainConfig) -> None:
     """Raise ConfigError naming the key for any setting the trainer cannot honour."""
+    check_rules(cfg, TRAIN_RULES)  # every number's range and every name's choices
     d, a, r, alg = (
         cfg.data,
         cfg.actor_rollout_ref.actor,
@@ -189,6 +195,8 @@ def _check_rollout_only(cfg: TrainConfig) -> None:
             _positive(e.temperature, f"{key}.temperature")
         if e.top_p is not None and not 0 < e.top_p <= 1:
             raise ConfigError(f"{key}.top_p must be in (0, 1], got {e.top_p}")
+        if e.top_k is not None and e.top_k < -1:
+            raise ConfigError(f"{key}.top_k must be >= -1 (-1 = off), got {e.top_k}")
         if not (math.isfinite(e.weight) and e.weight >= 0):
             raise ConfigError(f"{key}.weight must be >= 0, got {e.weight}")
     if sum(e.weight for _, e in entries) <= 0:
@@ -198,3 +206,8 @@ def _check_rollout_only(cfg: TrainConfig) -> None:
             "algorithm.use_kl_in_reward would charge fixed-policy rows the fixed policy's KL "
             "under rollout_only.is_correction=ppo_clip: use actor.use_kl_loss or a tis_* correction"
         )
+
+
+def validate_sft_config(cfg: Any) -> None:
+    """Raise ConfigError naming the key for any ``toolgrpo sft`` setting out of range."""
+    check_rules(cfg, SFT_RULES)

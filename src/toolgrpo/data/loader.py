@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from toolgrpo.data.task import ROLES, RowProblem, Task
+from toolgrpo.errors import UserError
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +28,7 @@ RLLA_TOOL_THOUGHT = (
 RLLA_RESPONSE_THOUGHT = "<think> I should directly respond to the user's need. </think>"
 
 
-class DataError(ValueError):
+class DataError(UserError):
     """A dataset that cannot be used as asked (missing, empty, malformed with bad_rows=error)."""
 
 
@@ -43,31 +44,45 @@ def embedded_path(name: str, folder: str = "rlla") -> Path:
 
 
 def read_rows(path: str | Path) -> Iterator[dict[str, Any] | Exception]:
-    """Yield raw rows of a JSONL or parquet file; an unparsable JSONL line yields its error."""
+    """Yield raw rows of a JSONL or parquet file; a JSONL line that is not UTF-8 or not JSON
+    yields its error (a bad row, reported with its index), an unreadable file raises DataError."""
     p = Path(path)
     if not p.is_file():
         raise DataError(f"data file not found: {p}")
     if p.suffix == ".parquet":
-        import pyarrow.parquet as pq
-
-        yield from pq.read_table(p).to_pylist()
+        yield from _parquet_rows(p)
         return
     if p.suffix not in (".jsonl", ".json"):
         raise DataError(f"unsupported data file type {p.suffix!r} (want .jsonl or .parquet): {p}")
-    with p.open(encoding="utf-8") as fh:
-        if p.suffix == ".json":
-            rows = json.load(fh)
-            if not isinstance(rows, list):
-                raise DataError(f"{p}: a .json dataset must hold a list of rows")
-            yield from rows
-            return
-        for line in fh:
-            if not line.strip():
+    if p.suffix == ".json":
+        try:
+            rows = json.loads(p.read_bytes().decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise DataError(f"{p}: not a UTF-8 JSON file ({e})") from e
+        if not isinstance(rows, list):
+            raise DataError(f"{p}: a .json dataset must hold a list of rows")
+        yield from rows
+        return
+    with p.open("rb") as fh:  # bytes: one undecodable line is one bad row, not a dead file
+        for raw in fh:
+            if not raw.strip():
                 continue
             try:
-                yield json.loads(line)
+                yield json.loads(raw.decode("utf-8"))
+            except UnicodeDecodeError as e:
+                yield ValueError(f"not valid UTF-8 ({e.reason} at byte {e.start})")
             except json.JSONDecodeError as e:
-                yield e
+                yield ValueError(f"not valid JSON ({e})")
+
+
+def _parquet_rows(p: Path) -> list[dict[str, Any]]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.read_table(p).to_pylist()
+    except (pa.ArrowException, OSError) as e:
+        raise DataError(f"{p}: not a readable parquet file ({e})") from e
 
 
 def row_to_task(row: Any, source: str, index: int) -> Task:
@@ -213,7 +228,7 @@ def load_tasks(
         for i, row in enumerate(rows):
             try:
                 if isinstance(row, Exception):
-                    raise ValueError(f"not valid JSON ({row})")
+                    raise row
                 task = row if isinstance(row, Task) else row_to_task(row, source, i)
                 if check is not None:
                     check(task)

@@ -10,8 +10,9 @@ from rich.table import Table
 
 from toolgrpo.config.loader import load_config
 from toolgrpo.config.schema import TrainConfig
+from toolgrpo.config.validate import validate_train_config
 from toolgrpo.data.loader import load_tasks
-from toolgrpo.eval.evaluate import evaluate, val_sampling_params
+from toolgrpo.eval.evaluate import check_scorable, evaluate, val_sampling_params
 from toolgrpo.models.loading import load_policy
 from toolgrpo.rewards.scoring import check_task
 from toolgrpo.rewards.types import RllaFlags
@@ -42,6 +43,7 @@ def run_eval(
     keep_samples: int,
 ) -> int:
     cfg = load_config(TrainConfig, config_path, overrides)
+    validate_train_config(cfg)
     if cfg.trainer.num_threads > 0:
         import torch
 
@@ -49,11 +51,18 @@ def run_eval(
     label = cfg.actor_rollout_ref.model.path
     if checkpoint:
         label = apply_checkpoint(cfg, checkpoint)
-    policy = load_policy(cfg.actor_rollout_ref.model, trainable=False)
     d = cfg.data
+    # Data before the model: a bad file or an unscorable task fails in seconds, not after loading.
     tasks = load_tasks(d.val_files, d.bad_rows, -1, check_task).tasks
     if limit > 0:
         tasks = tasks[:limit]
+    check_scorable(
+        tasks,
+        d.val_files,
+        "toolgrpo eval plays no environments: score them with training validation "
+        "(actor_rollout_ref.rollout.multi_turn.enable=true, trainer.val_before_train=true)",
+    )
+    policy = load_policy(cfg.actor_rollout_ref.model, trainable=False)
     params = val_sampling_params(cfg)
     gen = HFGenerator(policy.model, policy.tokenizer, policy.dtype, d.val_batch_size)
     flags = RllaFlags(**vars(cfg.reward.rlla))

@@ -8,8 +8,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from toolgrpo.config.schema import TrainConfig
+from toolgrpo.data.loader import DataError
 from toolgrpo.data.task import Task
-from toolgrpo.rewards.scoring import Score, score
+from toolgrpo.rewards.scoring import Score, score, supports
 from toolgrpo.rewards.types import RllaFlags
 from toolgrpo.rollout.generator import Completion, Generator, SamplingParams
 from toolgrpo.rollout.single_turn import rollout_tasks, solution_text
@@ -27,6 +28,16 @@ def val_sampling_params(cfg: TrainConfig) -> SamplingParams:
         do_sample=vk.do_sample,
         stop=tuple(cfg.actor_rollout_ref.rollout.stop),
     )
+
+
+def check_scorable(tasks: Sequence[Task], files: Sequence[str], hint: str) -> None:
+    """Single-turn scoring knows RLLA rows only: refuse others before any generation."""
+    other = sorted({t.task_type for t in tasks if not supports(t.data_source)})
+    if other:
+        raise DataError(
+            f"{', '.join(files)} holds {', '.join(other)} tasks, which single-turn scoring "
+            f"cannot score (RLLA rows only): {hint}"
+        )
 
 
 @dataclass

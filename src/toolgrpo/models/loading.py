@@ -11,10 +11,26 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
 from toolgrpo.config.schema import ModelConfig
+from toolgrpo.errors import UserError, one_line
 from toolgrpo.models.attention import register as register_attention
 from toolgrpo.models.registry import ResolvedModel, resolve_model
 
 log = logging.getLogger(__name__)
+
+
+class ModelLoadError(UserError):
+    """A model directory that exists but cannot be loaded (bad config.json, truncated weights,
+    unreadable tokenizer): the message names the directory."""
+
+
+def _weight_errors() -> tuple[type[BaseException], ...]:
+    """What a broken model directory raises from ``from_pretrained`` (not a bug of ours)."""
+    try:
+        from safetensors import SafetensorError
+    except ImportError:  # older safetensors keep it in the Rust module only
+        return (OSError, ValueError)
+    return (OSError, ValueError, SafetensorError)
+
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
 
@@ -60,11 +76,14 @@ class Policy:
 
 
 def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
-    tok = AutoTokenizer.from_pretrained(str(path))
+    try:  # the tokenizers library raises plain Exception on a garbled tokenizer.json
+        tok = AutoTokenizer.from_pretrained(str(path))
+    except Exception as e:
+        raise ModelLoadError(f"cannot load the tokenizer at {path}: {one_line(e)}") from e
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     if not tok.chat_template:
-        raise ValueError(f"tokenizer at {path} has no chat template; prompts need one")
+        raise ModelLoadError(f"tokenizer at {path} has no chat template; prompts need one")
     return tok
 
 
@@ -76,9 +95,12 @@ def load_policy(cfg: ModelConfig, trainable: bool = True) -> Policy:
     # Trainable weights stay float32 (bf16 cannot hold lr≈1e-6 updates); frozen ones may be bf16.
     full_ft = trainable and cfg.lora_rank == 0 and resolved.adapter_dir is None
     weight_dtype = torch.float32 if (full_ft or dtype == torch.float32) else dtype
-    model = AutoModelForCausalLM.from_pretrained(
-        str(resolved.hf_dir), dtype=weight_dtype, attn_implementation=register_attention()
-    )
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            str(resolved.hf_dir), dtype=weight_dtype, attn_implementation=register_attention()
+        )
+    except _weight_errors() as e:
+        raise ModelLoadError(f"cannot load the model at {resolved.hf_dir}: {one_line(e)}") from e
     model.config.use_cache = True
     adapter = Path(cfg.adapter_path) if cfg.adapter_path else resolved.adapter_dir
     is_lora = cfg.lora_rank > 0 or adapter is not None
@@ -100,7 +122,10 @@ def _apply_lora(model: Any, cfg: ModelConfig, adapter: Path | None, trainable: b
     if adapter is not None:
         if not (adapter / "adapter_config.json").is_file():
             raise FileNotFoundError(f"LoRA adapter not found: {adapter}")
-        model = PeftModel.from_pretrained(model, str(adapter), is_trainable=trainable)
+        try:
+            model = PeftModel.from_pretrained(model, str(adapter), is_trainable=trainable)
+        except _weight_errors() as e:
+            raise ModelLoadError(f"cannot load the LoRA adapter at {adapter}: {one_line(e)}") from e
     else:
         target: Any = cfg.target_modules
         if target != "all-linear":

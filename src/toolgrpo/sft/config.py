@@ -47,7 +47,7 @@ class SFTTrainerConfig:
     overwrite_output_dir: bool = False  # as trainer.overwrite_output_dir of toolgrpo train
     max_checkpoints: int = 1
     seed: int = 0
-    grad_clip: float = 1.0
+    grad_clip: float | None = 1.0  # max grad norm, > 0; null = no clipping
     logger: list[str] = field(default_factory=lambda: ["console", "jsonl", "tensorboard"])
     num_threads: int = 0
 

@@ -14,15 +14,22 @@ import torch
 
 from toolgrpo.config.loader import to_yaml
 from toolgrpo.config.schema import as_dict
-from toolgrpo.models.loading import load_policy, save_hf_model, trainable_parameters
+from toolgrpo.config.validate import validate_sft_config
+from toolgrpo.models.loading import (
+    load_policy,
+    load_tokenizer,
+    save_hf_model,
+    trainable_parameters,
+)
 from toolgrpo.models.logprobs import masked_token_logprobs
 from toolgrpo.models.safe_load import CorruptCheckpoint
+from toolgrpo.models.registry import resolve_model
 from toolgrpo.rollout.hf import stop_token_ids
 from toolgrpo.sft.config import SFTConfig
 from toolgrpo.sft.data import SFTExample, build_examples
 from toolgrpo.trainer.checkpoint import load_torch, read_state, save_torch, write_checkpoint
 from toolgrpo.trainer.config_diff import check_resume_config, load_optimizer
-from toolgrpo.trainer.optim import lr_factor
+from toolgrpo.trainer.optim import clip_grad_norm, lr_factor
 from toolgrpo.trainer.resume import announce, pick_checkpoint, prepare_output_dir
 from toolgrpo.trainer.sampler import TaskSampler
 from toolgrpo.trainer.state import apply_weights, check_lora, read_weights
@@ -52,18 +59,20 @@ def data_hash(examples: list[SFTExample]) -> str:
 
 class SFTTrainer:
     def __init__(self, cfg: SFTConfig) -> None:
+        validate_sft_config(cfg)
         self.cfg = cfg
         t, d = cfg.trainer, cfg.data
+        # Data before the model: a bad file fails in seconds. Examples need only the tokenizer.
+        tok = load_tokenizer(resolve_model(cfg.model.path).hf_dir)
+        self.examples, self.dropped = build_examples(
+            tok, d.train_files, d.target, d.max_length, set(stop_token_ids(tok)), d.max_samples
+        )
         if t.num_threads > 0:
             torch.set_num_threads(t.num_threads)
         torch.manual_seed(t.seed)
         self.out = Path(t.output_dir)
         prepare_output_dir(self.out, t.resume, t.overwrite_output_dir, as_dict(cfg))
         self.policy = load_policy(cfg.model, trainable=True)
-        tok = self.policy.tokenizer
-        self.examples, self.dropped = build_examples(
-            tok, d.train_files, d.target, d.max_length, set(stop_token_ids(tok)), d.max_samples
-        )
         self.sampler = TaskSampler(
             len(self.examples), min(d.train_batch_size, len(self.examples)), d.seed, d.shuffle
         )
@@ -116,9 +125,7 @@ class SFTTrainer:
             loss = -lp.sum() / max(total_tokens, 1)
             loss.backward()
             loss_sum += float(loss.detach())
-        norm = torch.nn.utils.clip_grad_norm_(
-            trainable_parameters(self.policy.model), self.cfg.trainer.grad_clip
-        )
+        norm = clip_grad_norm(trainable_parameters(self.policy.model), self.cfg.trainer.grad_clip)
         if math.isfinite(float(norm)):
             self.optimizer.step()
         self.scheduler.step()

@@ -18,7 +18,7 @@ from toolgrpo.config.schema import TrainConfig
 from toolgrpo.models.loading import Policy, load_policy, trainable_parameters
 from toolgrpo.models.logprobs import response_logprobs, shared_prefix_logprobs
 from toolgrpo.trainer.batch import Batch, microbatch_indices, minibatch_indices, prompt_groups
-from toolgrpo.trainer.optim import lr_factor
+from toolgrpo.trainer.optim import clip_grad_norm, lr_factor
 
 
 def _trim(b: Batch) -> tuple[torch.Tensor, torch.Tensor, int]:
@@ -137,7 +137,7 @@ class Actor:
                         sums[k] += v * w
                 sums["_weight"] += 1.0
                 params = [p for g in self.optimizer.param_groups for p in g["params"]]
-                norm = torch.nn.utils.clip_grad_norm_(params, acfg.grad_clip)
+                norm = clip_grad_norm(params, acfg.grad_clip)
                 if math.isfinite(float(norm)):
                     self.optimizer.step()
                 else:

@@ -120,3 +120,42 @@ def step_metrics(
 
 def _floats(m: dict[str, object]) -> dict[str, float]:
     return {k: float(v) if isinstance(v, (int, float, torch.Tensor)) else v for k, v in m.items()}
+
+
+def no_signal(metrics: dict[str, float], group_estimator: bool = True) -> str | None:
+    """Why a step's batch cannot move the policy, naming the metric that shows it; else None.
+
+    Every reward non-finite (scored 0 under ``reward.nan_policy=zero``), or, for the group
+    estimators (grpo, dr_grpo, rloo), every group's scores equal: every advantage is then 0.
+    """
+    size = metrics.get("batch/size", 0.0)
+    bad = metrics.get("reward/nonfinite", 0.0)
+    if size > 0 and bad >= size:
+        return f"every reward was non-finite (reward/nonfinite={bad:g} of batch/size={size:g})"
+    if group_estimator and metrics.get("reward/groups_all_equal_frac", 0.0) >= 1.0:
+        return (
+            "every group's scores were all equal, so every advantage is 0 "
+            "(reward/groups_all_equal_frac=1)"
+        )
+    return None
+
+
+class NoSignalWatch:
+    """Counts steps in a row without learning signal; says so at ``steps`` of them (and every
+    ``steps`` more), so a run that cannot learn does not look like one that is learning slowly."""
+
+    def __init__(self, steps: int, group_estimator: bool = True) -> None:
+        self.steps = steps
+        self.group_estimator = group_estimator
+        self.run = 0
+
+    def observe(self, metrics: dict[str, float]) -> str | None:
+        reason = no_signal(metrics, self.group_estimator)
+        self.run = self.run + 1 if reason is not None else 0
+        if self.steps <= 0 or reason is None or self.run % self.steps:
+            return None
+        return (
+            f"no learning signal for {self.run} steps in a row: {reason}; the policy is not "
+            "being trained (check the reward function and data, or sample more diverse groups: "
+            "actor_rollout_ref.rollout.n / temperature)"
+        )

@@ -27,9 +27,10 @@ from toolgrpo.config.schema import TrainConfig, as_dict
 from toolgrpo.config.validate import validate_train_config
 from toolgrpo.data.loader import load_tasks
 from toolgrpo.data.task import Task
-from toolgrpo.eval.evaluate import evaluate, val_sampling_params
+from toolgrpo.eval.evaluate import check_scorable, evaluate, val_sampling_params
 from toolgrpo.mixture import Mixture
-from toolgrpo.models.loading import load_policy
+from toolgrpo.models.loading import load_policy, load_tokenizer
+from toolgrpo.models.registry import resolve_model
 from toolgrpo.rewards.scoring import check_task
 from toolgrpo.rewards.types import RllaFlags
 from toolgrpo.rollout.backends import make_generator, sync_weights
@@ -42,7 +43,7 @@ from toolgrpo.trainer.actor import Actor
 from toolgrpo.trainer.batch import Batch
 from toolgrpo.trainer.episode_metrics import episode_metrics
 from toolgrpo.trainer.episodes import EpisodeRunner, make_router, warn_env_failures
-from toolgrpo.trainer.metrics import batch_metrics, negative_metrics
+from toolgrpo.trainer.metrics import NoSignalWatch, batch_metrics, negative_metrics
 from toolgrpo.trainer.replay import AsyncRollout
 from toolgrpo.trainer.resume import prepare_output_dir
 from toolgrpo.trainer.rollout_stage import Rolled, RolloutStage
@@ -56,6 +57,15 @@ class Trainer(RolloutStage):
     def __init__(self, cfg: TrainConfig) -> None:
         validate_train_config(cfg)
         self.cfg = cfg
+        # Data before the model: a bad file fails in seconds, not after minutes of loading. The
+        # tokenizer alone suffices to filter long prompts.
+        self.tokenizer = load_tokenizer(resolve_model(cfg.actor_rollout_ref.model.path).hf_dir)
+        self.tasks = self._load(cfg.data.train_files, cfg.data.max_samples)
+        t = cfg.trainer
+        val = self._read_val() if t.val_before_train or t.test_freq > 0 else None
+        if val is not None and not cfg.actor_rollout_ref.rollout.multi_turn.enable:
+            hint = "set actor_rollout_ref.rollout.multi_turn.enable=true to play them"
+            check_scorable(val, cfg.data.val_files, hint)
         if cfg.trainer.num_threads > 0:
             torch.set_num_threads(cfg.trainer.num_threads)
         torch.manual_seed(cfg.trainer.seed)
@@ -66,7 +76,6 @@ class Trainer(RolloutStage):
         )
         self.policy = load_policy(cfg.actor_rollout_ref.model)
         self.tokenizer = self.policy.tokenizer
-        self.tasks = self._load(cfg.data.train_files, cfg.data.max_samples)
         self.sampler = TaskSampler(
             len(self.tasks), cfg.data.train_batch_size, cfg.data.seed, cfg.data.shuffle
         )
@@ -77,6 +86,8 @@ class Trainer(RolloutStage):
         except BaseException:
             self.close()  # Ray workers or a vLLM engine already started must not outlive us
             raise
+        if val is not None:
+            self._val_tasks = val
 
     def _setup(self, cfg: TrainConfig) -> None:
         r = cfg.actor_rollout_ref.rollout
@@ -149,6 +160,7 @@ class Trainer(RolloutStage):
         (self.out / "config.yaml").write_text(to_yaml(self.cfg))
         tracker = Tracker(self.out, t.logger, self.total_steps, start_step=self.step)
         history = []
+        watch = NoSignalWatch(t.warn_no_signal_steps, self.cfg.algorithm.adv_estimator != "gae")
         producer = self._start_async() if self.cfg.async_training.enable else None
         try:
             if t.val_before_train and self.step == 0:
@@ -163,6 +175,8 @@ class Trainer(RolloutStage):
                 # dropped then); the reverse order would lose the step's line for good.
                 tracker.log(metrics, step)
                 history.append(metrics)
+                if (warning := watch.observe(metrics)) is not None:
+                    log.warning("step %d: %s", step, warning)
                 if (t.save_freq > 0 and step % t.save_freq == 0) or step == self.total_steps:
                     self.save_checkpoint()
         finally:
@@ -302,9 +316,7 @@ class Trainer(RolloutStage):
         """Same tasks and settings as ``toolgrpo eval`` (long prompts truncated, not dropped)."""
         d = self.cfg.data
         if self._val_tasks is None:
-            self._val_tasks = load_tasks(
-                d.val_files, d.bad_rows, d.val_max_samples, check_task
-            ).tasks
+            self._val_tasks = self._read_val()
         if self.episodes is not None:
             eps = self.episodes.play(
                 self._val_tasks, val_sampling_params(self.cfg), step, self.step, rollback=False
@@ -322,6 +334,10 @@ class Trainer(RolloutStage):
             batch_size=d.val_batch_size,
         )
         return res.metrics("val")
+
+    def _read_val(self) -> list[Task]:
+        d = self.cfg.data
+        return load_tasks(d.val_files, d.bad_rows, d.val_max_samples, check_task).tasks
 
     def close(self) -> None:
         """Stop what runs beside the trainer: Ray rollout workers, a vLLM engine."""

@@ -1,0 +1,305 @@
+"""Value rules for every number and name of the training and SFT configs, as tables by dotted key.
+
+A schema type says "float"; only a rule says "a learning rate is finite and > 0" or "warmup_style
+is constant or cosine". ``tests/config/test_rules.py`` walks the schemas, so a new number or name
+without a rule here (or a reason in ``FREE_KEYS``/``DELEGATED``) fails the tests.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from toolgrpo.config.loader import ConfigError
+from toolgrpo.config.router import COST_MODES, POOLINGS
+
+
+@dataclass(frozen=True)
+class Num:
+    """A finite number between ``low`` and ``high`` (strict where ``*_open``), or a listed
+    sentinel such as -1 = "all"; ``optional`` allows None (= inherit / off)."""
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+    sentinels: tuple[float, ...] = ()
+    optional: bool = False
+
+    def describe(self) -> str:
+        if self.low is not None and self.high is not None:
+            lo, hi = "(" if self.low_open else "[", ")" if self.high_open else "]"
+            text = f"in {lo}{self.low:g}, {self.high:g}{hi}"
+        elif self.low is not None:
+            text = f"{'>' if self.low_open else '>='} {self.low:g}"
+        elif self.high is not None:
+            text = f"{'<' if self.high_open else '<='} {self.high:g}"
+        else:
+            text = "a finite number"
+        text += "".join(f" or {s:g}" for s in self.sentinels)
+        return text + (" or null" if self.optional else "")
+
+    def check(self, key: str, value: Any) -> None:
+        if value is None and self.optional:
+            return
+        if value in self.sentinels:
+            return
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        ok = ok and math.isfinite(value)
+        if ok and self.low is not None:
+            ok = value > self.low if self.low_open else value >= self.low
+        if ok and self.high is not None:
+            ok = value < self.high if self.high_open else value <= self.high
+        if not ok:
+            raise ConfigError(f"{key} must be {self.describe()}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class OneOf:
+    """A name from a fixed set (or a callable giving the set, for registries filled at import);
+    ``each`` checks every item of a list; ``suffix`` is a marker a name may end with."""
+
+    allowed: tuple[str, ...] | Callable[[], Sequence[str]]
+    optional: bool = False
+    each: bool = False
+    suffix: str = ""
+
+    def check(self, key: str, value: Any) -> None:
+        if value is None and self.optional:
+            return
+        allowed = tuple(self.allowed() if callable(self.allowed) else self.allowed)
+        for v in value if self.each else [value]:
+            name = v[: -len(self.suffix)] if self.suffix and str(v).endswith(self.suffix) else v
+            if name in allowed:
+                continue
+            close = difflib.get_close_matches(str(name), allowed, n=2, cutoff=0.6)
+            hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+            raise ConfigError(f"{key}={v!r} is not one of {', '.join(allowed)}{hint}")
+
+
+@dataclass(frozen=True)
+class EachNum:
+    """Every item of a list of numbers obeys ``rule``."""
+
+    rule: Num
+
+    def check(self, key: str, value: Any) -> None:
+        for i, v in enumerate(value):
+            self.rule.check(f"{key}[{i}]", v)
+
+
+def _policy_losses() -> list[str]:
+    from toolgrpo.algos.losses import _POLICY_LOSSES
+
+    return sorted(_POLICY_LOSSES)
+
+
+def _error_types() -> tuple[str, ...]:
+    from toolgrpo.tools.types import ERROR_TYPES
+
+    return tuple(ERROR_TYPES)
+
+
+POS = Num(0, low_open=True)  # > 0
+NONNEG = Num(0)  # >= 0
+FINITE = Num()
+UNIT = Num(0, 1)  # [0, 1]
+PROB = Num(0, 1, low_open=True)  # (0, 1]: top_p
+ALL_OR_POS = Num(1, sentinels=(-1,))  # -1 = all
+TOP_K = Num(-1)  # -1 = off (0 is off in HF too)
+DTYPES = ("auto", "bfloat16", "float32")
+LOGGERS = ("console", "jsonl", "tensorboard")
+ADV_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "gae")
+AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+KL_KINDS = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")  # "+" suffix: straight-through
+IS_CORRECTIONS = ("ppo_clip", "tis_token", "tis_seq")  # toolgrpo.mixture.correction
+WARMUP_STYLES = ("constant", "cosine")  # toolgrpo.trainer.optim.lr_factor
+
+MODEL_RULES: dict[str, Any] = {
+    "dtype": OneOf(DTYPES),
+    "lora_rank": NONNEG,
+    "lora_alpha": POS,
+    "lora_dropout": Num(0, 1, high_open=True),
+}
+OPTIM_RULES: dict[str, Any] = {
+    "lr": POS,
+    "weight_decay": NONNEG,
+    "betas": EachNum(Num(0, 1, high_open=True)),
+    "lr_warmup_steps": NONNEG,
+    "warmup_style": OneOf(WARMUP_STYLES),
+    "min_lr_ratio": UNIT,
+}
+
+
+def _prefixed(prefix: str, rules: dict[str, Any]) -> dict[str, Any]:
+    return {f"{prefix}{k}": v for k, v in rules.items()}
+
+
+_A = "actor_rollout_ref.actor."
+_R = "actor_rollout_ref.rollout."
+_MT = _R + "multi_turn."
+_RO = "rollout_only."
+
+TRAIN_RULES: dict[str, Any] = {
+    "data.train_batch_size": POS,
+    "data.val_batch_size": POS,
+    "data.max_prompt_length": POS,
+    "data.max_response_length": POS,
+    "data.truncation": OneOf(("left", "error")),
+    "data.seed": NONNEG,
+    "data.bad_rows": OneOf(("skip", "error")),
+    "data.max_samples": ALL_OR_POS,
+    "data.val_max_samples": ALL_OR_POS,
+    **_prefixed("actor_rollout_ref.model.", MODEL_RULES),
+    **_prefixed(_A + "optim.", OPTIM_RULES),
+    _A + "policy_loss.loss_mode": OneOf(_policy_losses),
+    _A + "ppo_mini_batch_size": POS,
+    _A + "ppo_micro_batch_size_per_gpu": POS,
+    _A + "ppo_epochs": POS,
+    _A + "clip_ratio": POS,
+    _A + "clip_ratio_low": Num(0, low_open=True, optional=True),
+    _A + "clip_ratio_high": Num(0, low_open=True, optional=True),
+    _A + "clip_ratio_c": Num(1, low_open=True),  # dual clip: a bound above the ratio 1
+    _A + "loss_agg_mode": OneOf(AGG_MODES),
+    _A + "entropy_coeff": NONNEG,
+    _A + "kl_loss_coef": NONNEG,
+    _A + "kl_loss_type": OneOf(KL_KINDS, suffix="+"),
+    _A + "grad_clip": Num(0, low_open=True, optional=True),  # null = no clipping
+    _A + "logprob_chunk_size": POS,
+    _R + "name": OneOf(("hf", "vllm", "auto")),
+    _R + "mode": OneOf(("sync", "async")),
+    _R + "n": POS,
+    _R + "temperature": POS,  # log-probs divide by it
+    _R + "top_p": PROB,
+    _R + "top_k": TOP_K,
+    _R + "log_prob_micro_batch_size_per_gpu": POS,
+    _R + "generation_batch_size": POS,
+    _R + "val_kwargs.temperature": NONNEG,
+    _R + "val_kwargs.top_p": PROB,
+    _R + "val_kwargs.top_k": TOP_K,
+    _R + "val_kwargs.n": POS,
+    _MT + "max_tokens_per_turn": POS,
+    _MT + "max_tool_response_length": NONNEG,  # 0 = no limit
+    _MT + "tool_response_truncate_side": OneOf(("right", "left", "middle")),
+    _MT + "max_concurrent_episodes": NONNEG,  # 0 = all
+    _MT + "error_reward": FINITE,
+    _MT + "max_tool_retries": NONNEG,
+    _MT + "max_negative_samples_per_group": NONNEG,
+    _MT + "negative_reward": FINITE,
+    _MT + "rollback_error_types": OneOf(_error_types, each=True),
+    _R + "dtype": OneOf(DTYPES),
+    _R + "gpu_memory_utilization": PROB,
+    _R + "cpu_kvcache_space_gb": POS,
+    _R + "max_num_seqs": POS,
+    _R + "max_model_len": NONNEG,  # 0 = prompt + response lengths
+    _R + "tensor_model_parallel_size": POS,
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": POS,
+    "algorithm.adv_estimator": OneOf(ADV_ESTIMATORS),
+    "algorithm.gamma": UNIT,
+    "algorithm.lam": UNIT,
+    "algorithm.kl_penalty": OneOf(KL_KINDS, suffix="+"),
+    "algorithm.kl_ctrl.type": OneOf(("fixed", "adaptive")),
+    "algorithm.kl_ctrl.kl_coef": NONNEG,
+    "algorithm.kl_ctrl.horizon": POS,
+    "algorithm.kl_ctrl.target_kl": POS,
+    "critic.vf_coef": NONNEG,
+    "critic.cliprange_value": POS,
+    "critic.lr": POS,
+    "reward.nan_policy": OneOf(("error", "zero")),
+    "trainer.total_training_steps": POS,
+    "trainer.total_epochs": POS,
+    "trainer.save_freq": Num(-1),  # -1 (or 0) = only at the end
+    "trainer.test_freq": Num(-1),  # -1 (or 0) = never during training
+    "trainer.max_checkpoints": NONNEG,  # 0 = keep all
+    "trainer.seed": NONNEG,
+    "trainer.logger": OneOf(LOGGERS, each=True),
+    "trainer.num_threads": NONNEG,  # 0 = torch default
+    "trainer.warn_no_signal_steps": NONNEG,  # 0 = never warn
+    "trainer.distributed.backend": OneOf(("local", "ray")),
+    "trainer.distributed.num_rollout_workers": POS,
+    "trainer.distributed.num_cpus_per_worker": POS,
+    "trainer.distributed.call_timeout_s": POS,
+    "trainer.distributed.max_worker_restarts": NONNEG,
+    "async_training.staleness_threshold": NONNEG,
+    _RO + "dtype": OneOf(DTYPES, optional=True),
+    _RO + "temperature": Num(0, low_open=True, optional=True),
+    _RO + "top_p": Num(0, 1, low_open=True, optional=True),
+    _RO + "top_k": Num(-1, optional=True),
+    _RO + "generation_batch_size": Num(0, low_open=True, optional=True),
+    _RO + "weight": NONNEG,
+    _RO + "is_correction": OneOf(IS_CORRECTIONS),
+    _RO + "is_threshold": POS,
+    _RO + "schedule.type": OneOf(("constant", "linear", "exponential", "step")),
+    _RO + "schedule.alpha": UNIT,
+    _RO + "schedule.alpha0": UNIT,
+    _RO + "schedule.beta": FINITE,
+    _RO + "schedule.max_alpha": UNIT,
+    _RO + "schedule.gamma": NONNEG,
+    _RO + "schedule.initial_policy": OneOf(("actor", "fixed")),
+    _RO + "schedule.seed": Num(0, optional=True),
+    # The router's numbers are checked by config.router.check_router_config; its names here too,
+    # for the "did you mean".
+    "router.pooling": OneOf(POOLINGS),
+    "router.cost.mode": OneOf(COST_MODES),
+}
+
+SFT_RULES: dict[str, Any] = {
+    "data.target": OneOf(("ground_truth", "output_sft")),
+    "data.max_length": POS,
+    "data.max_samples": ALL_OR_POS,
+    "data.train_batch_size": POS,
+    "data.micro_batch_size_per_gpu": POS,
+    "data.seed": NONNEG,
+    **_prefixed("model.", MODEL_RULES),
+    **_prefixed("optim.", OPTIM_RULES),
+    "trainer.total_epochs": POS,
+    "trainer.total_training_steps": ALL_OR_POS,  # -1 = total_epochs over the data
+    "trainer.save_freq": Num(-1),
+    "trainer.max_checkpoints": NONNEG,
+    "trainer.seed": NONNEG,
+    "trainer.grad_clip": Num(0, low_open=True, optional=True),  # null = no clipping
+    "trainer.logger": OneOf(LOGGERS, each=True),
+    "trainer.num_threads": NONNEG,
+}
+
+# Strings that name a path, a model or a run: any value is the user's own.
+FREE_KEYS = frozenset(
+    {
+        "data.train_files",
+        "data.val_files",
+        "actor_rollout_ref.model.path",
+        "actor_rollout_ref.model.target_modules",
+        "actor_rollout_ref.model.adapter_path",
+        "model.path",
+        "model.target_modules",
+        "model.adapter_path",
+        "trainer.project_name",
+        "trainer.experiment_name",
+        "trainer.output_dir",
+        "trainer.resume",  # auto | disable | a checkpoint directory
+        "trainer.distributed.address",
+        _R + "stop",  # checked in validate.py: non-empty strings
+        _MT + "rollback_error_patterns",  # checked in validate.py: regexes
+        _RO + "model_path",
+        _RO + "adapter_path",
+        _RO + "schedule.switch_steps",  # checked by mixture.Schedule
+    }
+)
+# Sub-trees checked elsewhere: the router (config.router.check_router_config), the user's own
+# env options and Ray kwargs, and fixed policies (validate._check_rollout_only).
+DELEGATED = ("router.", _MT + "envs", "trainer.distributed.ray_init_kwargs", _RO + "extra_policies")
+
+
+def lookup(cfg: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
+
+
+def check_rules(cfg: Any, rules: dict[str, Any]) -> None:
+    """Raise ConfigError naming the first key whose value breaks its rule."""
+    for key, rule in rules.items():
+        rule.check(key, lookup(cfg, key))
