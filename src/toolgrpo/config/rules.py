@@ -190,6 +190,7 @@ TRAIN_RULES: dict[str, Any] = {
     _MT + "max_negative_samples_per_group": NONNEG,
     _MT + "negative_reward": FINITE,
     _MT + "rollback_error_types": OneOf(_error_types, each=True),
+    _MT + "max_env_failure_ratio": UNIT,  # 1 = never stop the run
     _R + "dtype": OneOf(DTYPES),
     _R + "gpu_memory_utilization": PROB,
     _R + "cpu_kvcache_space_gb": POS,
@@ -283,6 +284,7 @@ FREE_KEYS = frozenset(
         "trainer.distributed.address",
         _R + "stop",  # checked in validate.py: non-empty strings
         _MT + "rollback_error_patterns",  # checked in validate.py: regexes
+        _MT + "rollback_error_json_keys",  # any JSON key names
         _RO + "model_path",
         _RO + "adapter_path",
         _RO + "schedule.switch_steps",  # checked by mixture.Schedule

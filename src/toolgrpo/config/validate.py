@@ -122,11 +122,6 @@ def validate_train_config(cfg: TrainConfig) -> None:
         "actor_rollout_ref.rollout.multi_turn.tool_response_truncate_side",
     )
     _positive(mt.max_tokens_per_turn, "actor_rollout_ref.rollout.multi_turn.max_tokens_per_turn")
-    if not 0.0 <= mt.max_env_failure_ratio <= 1.0:  # NaN fails too
-        raise ConfigError(
-            "actor_rollout_ref.rollout.multi_turn.max_env_failure_ratio must be in [0, 1], "
-            f"got {mt.max_env_failure_ratio}"
-        )
     _check_rollback(mt)
     keeps_negatives = (
         mt.enable_tool_rollback

@@ -22,8 +22,8 @@ from toolgrpo.models.loading import (
     trainable_parameters,
 )
 from toolgrpo.models.logprobs import masked_token_logprobs
-from toolgrpo.models.safe_load import CorruptCheckpoint
 from toolgrpo.models.registry import resolve_model
+from toolgrpo.models.safe_load import CorruptCheckpoint
 from toolgrpo.rollout.hf import stop_token_ids
 from toolgrpo.sft.config import SFTConfig
 from toolgrpo.sft.data import SFTExample, build_examples
