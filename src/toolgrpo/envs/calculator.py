@@ -208,6 +208,11 @@ def solve(equation: str, variable: str = "x") -> str:
     return "; ".join(f"{variable} = {_show(s)}" for s in sols)
 
 
+def warm_up_isolated() -> None:
+    """Run once in the isolated tools' zygote: sympy's first solve loads much lazily."""
+    solve("x^2 + 3x - 40 = 0")
+
+
 def _show(value: Any) -> str:
     """Exact form, with a decimal approximation when the exact form is not a plain number."""
     if value.is_Float:

@@ -15,7 +15,7 @@ from typing import Any
 
 from toolgrpo.envs.base import Env, EnvReward, EnvStart, Transcript
 from toolgrpo.tools.executor import run_tool_calls
-from toolgrpo.tools.isolated import DEFAULT_MEMORY_LIMIT_MB
+from toolgrpo.tools.isolated import DEFAULT_MEMORY_LIMIT_MB, modules_of, shared_pool
 from toolgrpo.tools.schema import Tool
 from toolgrpo.tools.types import ToolCall, ToolResult
 
@@ -57,6 +57,9 @@ class ToolEnv(Env):
         self.timeout_s = timeout_s
         self.max_parallel = max_parallel
         self.memory_limit_mb = memory_limit_mb
+        isolated = [t for t in by_name.values() if t.isolated]
+        if isolated:  # start the worker pool's zygote while the episode generates its first turn
+            shared_pool(modules_of(isolated[0].fn)).warm()
         # Tools that keep no state (pure functions, read-only lookups) make a snapshot free,
         # which is all tool rollback needs; tools with side effects need an Env of their own.
         self.supports_snapshot = stateless

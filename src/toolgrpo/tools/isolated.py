@@ -112,6 +112,7 @@ class WorkerPool:
         self._starting = 0
         self._waiters: deque[_Claim] = deque()
         self._closed = False
+        self._warmed = False
         self.started = 0  # workers started, for tests and metrics
 
     async def call(
@@ -155,6 +156,17 @@ class WorkerPool:
         self._zygote.close()
         for claim in waiters:
             _wake(claim)
+
+    def warm(self) -> None:
+        """Start the zygote in the background, once, so the first call does not wait for its
+        imports (an environment with isolated tools calls this when it is made)."""
+        with self._lock:
+            if self._warmed or self._closed:
+                return
+            self._warmed = True
+        threading.Thread(
+            target=self._zygote.start, name="toolgrpo-tool-zygote", daemon=True
+        ).start()
 
     def stats(self) -> dict[str, int]:
         with self._lock:
@@ -360,6 +372,12 @@ def request_workers(n: int) -> None:
         _REQUESTED_WORKERS.append(int(n))
         if _POOL is not None and n > _POOL.max_workers:
             _POOL.max_workers = int(n)
+
+
+def modules_of(fn: Callable[..., Any]) -> tuple[str, ...]:
+    """What a zygote should import for ``fn`` (its module, if it has one)."""
+    module = getattr(fn, "__module__", None)
+    return (module,) if isinstance(module, str) and module != "__main__" else ()
 
 
 def shared_pool(preload: Sequence[str] = ()) -> WorkerPool:

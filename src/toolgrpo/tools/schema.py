@@ -18,7 +18,12 @@ from typing import Any, overload
 
 import jsonschema
 
-from toolgrpo.tools.isolated import DEFAULT_MEMORY_LIMIT_MB, check_isolatable, shared_pool
+from toolgrpo.tools.isolated import (
+    DEFAULT_MEMORY_LIMIT_MB,
+    check_isolatable,
+    modules_of,
+    shared_pool,
+)
 from toolgrpo.tools.types import ToolResult
 
 ToolFn = Callable[..., Any]  # called with the arguments as keywords; sync or async
@@ -109,7 +114,7 @@ class Tool:
         """``timeout_s`` and ``memory_limit_mb`` bind an isolated tool only (its worker enforces
         them); the executor bounds the others by waiting no longer."""
         if self.isolated:
-            pool = shared_pool((getattr(self.fn, "__module__", None) or "__main__",))
+            pool = shared_pool(modules_of(self.fn))
             value = await pool.call(self.fn, arguments, timeout_s, memory_limit_mb)
         elif _is_async(self.fn):
             value = await self.fn(**arguments)
