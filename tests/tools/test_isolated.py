@@ -171,3 +171,28 @@ def test_declaring_a_tool_isolated_checks_it_can_be_sent() -> None:
 
     with pytest.raises(ValueError, match="async function cannot be isolated"):
         dict_tool({"name": "g"}, coro, isolated=True)
+
+
+def test_a_worker_killed_from_outside_is_replaced() -> None:
+    """A worker that dies mid-call (OOM killer, a crash in C code) is a crash result, not a hang;
+    one that died while idle is replaced without the next call noticing."""
+    import signal
+
+    pid = int(call("worker_pid").text)
+
+    async def main():
+        task = asyncio.create_task(run_tool_calls(TOOLS, [ToolCall("spin", {})], 30))
+        await asyncio.sleep(0.5)
+        os.kill(pid, signal.SIGKILL)
+        return (await task)[0]
+
+    start = time.monotonic()
+    result = asyncio.run(main())
+    assert result.error_type == "exception" and "its worker process died" in result.text
+    assert time.monotonic() - start < 5
+    idle_pid = int(call("worker_pid").text)
+    assert idle_pid != pid
+    os.kill(idle_pid, signal.SIGKILL)
+    time.sleep(0.2)
+    again = call("worker_pid")
+    assert not again.is_error and int(again.text) not in (pid, idle_pid)

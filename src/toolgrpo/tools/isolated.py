@@ -180,14 +180,20 @@ class WorkerPool:
             with self._lock:
                 if self._closed:
                     raise IsolationUnavailable("the tool worker pool was shut down")
-                if self._idle:
-                    return self._idle.pop()
-                if len(self._live) + self._starting < self.max_workers:
+                idle = self._idle.pop() if self._idle else None
+                if idle is not None:
+                    claim = None
+                elif len(self._live) + self._starting < self.max_workers:
                     self._starting += 1
                     claim = None
                 else:
                     claim = _Claim(loop, loop.create_future())
                     self._waiters.append(claim)
+            if idle is not None:
+                if not idle.conn.poll():  # an idle worker has nothing to say unless it died
+                    return idle
+                self._discard(idle)
+                continue
             if claim is None:
                 return await self._start(loop)
             try:

@@ -174,6 +174,13 @@ def _reap() -> None:
             return
 
 
+def _pidfd(pid: int) -> int | None:
+    try:
+        return os.pidfd_open(pid)  # Linux >= 5.3
+    except (AttributeError, OSError):  # elsewhere, or refused by a sandbox: plain kill(pid)
+        return None
+
+
 class Zygote:
     """The parent's handle on its zygote (started lazily, restarted if it died)."""
 
@@ -201,8 +208,7 @@ class Zygote:
                         raise
                     continue
                 pid = int.from_bytes(msg, "little")
-                pidfd = os.pidfd_open(pid) if hasattr(os, "pidfd_open") else None
-                return pid, pidfd, Connection(fds[0])
+                return pid, _pidfd(pid), Connection(fds[0])
         raise AssertionError("unreachable")
 
     def start(self) -> None:
