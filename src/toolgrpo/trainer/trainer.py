@@ -37,6 +37,7 @@ from toolgrpo.rollout.generator import SamplingParams
 from toolgrpo.rollout.hf import HFGenerator
 from toolgrpo.rollout.prompts import filter_overlong
 from toolgrpo.router.runtime import RouterRuntime
+from toolgrpo.tools.isolated import shutdown_shared_pool
 from toolgrpo.trainer import state as ckpt_state
 from toolgrpo.trainer.actor import Actor
 from toolgrpo.trainer.batch import Batch
@@ -304,11 +305,12 @@ class Trainer(RolloutStage):
         return res.metrics("val")
 
     def close(self) -> None:
-        """Stop what runs beside the trainer: Ray rollout workers, a vLLM engine."""
+        """Stop what runs beside the trainer: Ray rollout workers, a vLLM engine, tool workers."""
         for part in (self.pool, self.generator):
             stop = getattr(part, "close", None)
             if stop is not None:
                 stop()
+        shutdown_shared_pool()  # isolated tools' worker processes (also done at exit)
 
     # ---- checkpoints ---------------------------------------------------------------------------
     def save_checkpoint(self) -> Path:
