@@ -272,3 +272,52 @@ def test_a_solve_bomb_does_not_stall_the_step():
     assert report["took"] < 1 + 3, report  # the timeout, worker starts, slack for load
     assert report["ticks"] >= 5, report  # the loop was never frozen for the step
     assert time.monotonic() - start < 25
+
+
+def test_isolated_solve_behind_serve_env():
+    """`toolgrpo serve-env calculator` (uvicorn's event loop, in a thread here): a runaway
+    `solve` is stopped at the server's timeout and the cheap call beside it answers."""
+    import socket
+    import threading
+
+    import uvicorn
+
+    from toolgrpo.envs.remote import RemoteEnv, RemoteOptions
+    from toolgrpo.envs.server import create_app
+    from toolgrpo.tools import ToolCall
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    app = create_app("calculator", {"timeout_s": 1}, None)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline
+        time.sleep(0.02)
+    url = f"ws://127.0.0.1:{sock.getsockname()[1]}/ws"
+    task = Task("calc#0", ({"role": "user", "content": "q"},), "1", "calculator", "calculator")
+
+    async def episode():
+        env = RemoteEnv(task, RemoteOptions.parse({"url": url, "timeout_s": 30}))
+        await env.reset()
+        await env.step([ToolCall("solve", {"equation": "2x = 6"}, id="w")])  # first worker
+        start = time.monotonic()
+        calls = [
+            ToolCall("solve", {"equation": "sin(x)^6 + cos(x)^5 = 1/3"}, id="b"),
+            ToolCall("calculate", {"expression": "1+1"}, id="c"),
+        ]
+        results = await env.step(calls)
+        took = time.monotonic() - start
+        await env.close()
+        return results, took
+
+    try:
+        (bomb, cheap), took = asyncio.run(episode())
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        sock.close()
+    assert bomb.error_type == "timeout" and (cheap.text, cheap.is_error) == ("2", False)
+    assert took < 1 + 3, took
