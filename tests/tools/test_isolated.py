@@ -196,3 +196,9 @@ def test_a_worker_killed_from_outside_is_replaced() -> None:
     time.sleep(0.2)
     again = call("worker_pid")
     assert not again.is_error and int(again.text) not in (pid, idle_pid)
+
+
+def test_tool_env_passes_its_memory_limit_to_the_worker() -> None:
+    env = ToolEnv([], [TOOLS["allocate"]], lambda t: 0.0, timeout_s=5, memory_limit_mb=64)
+    (result,) = asyncio.run(env.step([ToolCall("allocate", {"megabytes": 512})]))
+    assert "out of memory (limit 64 MB)" in result.text
