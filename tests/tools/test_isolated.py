@@ -202,3 +202,18 @@ def test_tool_env_passes_its_memory_limit_to_the_worker() -> None:
     env = ToolEnv([], [TOOLS["allocate"]], lambda t: 0.0, timeout_s=5, memory_limit_mb=64)
     (result,) = asyncio.run(env.step([ToolCall("allocate", {"megabytes": 512})]))
     assert "out of memory (limit 64 MB)" in result.text
+
+
+def test_no_worker_at_all_is_the_environments_failure(monkeypatch) -> None:
+    """If no worker process can be started, the step raises (the episode ends as an
+    environment error) instead of telling the model its call failed."""
+    from toolgrpo.tools.isolated import IsolationUnavailable
+    from toolgrpo.tools.worker_process import Zygote
+
+    def broken(self):
+        raise OSError("fork refused")
+
+    monkeypatch.setattr(Zygote, "fork", broken)
+    env = ToolEnv([], [TOOLS["worker_pid"]], lambda t: 0.0, timeout_s=5)
+    with pytest.raises(IsolationUnavailable, match="fork refused"):
+        asyncio.run(env.step([ToolCall("worker_pid", {})]))

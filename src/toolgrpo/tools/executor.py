@@ -9,6 +9,7 @@ cancellation of the caller, ``KeyboardInterrupt``, ``SystemExit`` and ``Isolatio
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -28,6 +29,7 @@ log = logging.getLogger(__name__)
 EXPECTED_FORMAT = '<tool_call>{"name": "<tool name>", "arguments": {<JSON object>}}</tool_call>'
 TRUNCATE_SIDES = ("right", "left", "middle")
 _MAX_MESSAGE_CHARS = 500
+_WARNED_ABANDONED: set[str] = set()  # thread tools already warned about, once per process
 _PASS_THROUGH = (KeyboardInterrupt, SystemExit, asyncio.CancelledError, IsolationUnavailable)
 
 
@@ -108,6 +110,13 @@ async def _invoke(
         else:
             outcome = await asyncio.wait_for(guarded(), timeout_s)
     except asyncio.TimeoutError:  # the builtin TimeoutError on 3.11+
+        if tool.name not in _WARNED_ABANDONED and not _is_coroutine_tool(tool):
+            _WARNED_ABANDONED.add(tool.name)
+            log.warning(
+                "tool %r timed out in a thread, which cannot be stopped and runs on; if some "
+                "input keeps it busy, declare it isolated=True (a killable worker process)",
+                tool.name,
+            )
         return _error(call, "timeout", timed_out)
     if isinstance(outcome, IsolatedTimeout):
         return _error(call, "timeout", f"{timed_out} and was stopped; try a simpler input")
@@ -117,6 +126,10 @@ async def _invoke(
         log.debug("tool %r raised", call.name, exc_info=outcome)
         return _exception_result(call, outcome)
     return replace(outcome, name=call.name, call_id=call.id)
+
+
+def _is_coroutine_tool(tool: Tool) -> bool:
+    return inspect.iscoroutinefunction(tool.fn)
 
 
 def _error(call: ToolCall, error_type: str, text: str) -> ToolResult:

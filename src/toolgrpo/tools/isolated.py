@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import atexit
-import importlib.util
 import logging
 import os
 import signal
@@ -392,7 +391,7 @@ def shared_pool(preload: Sequence[str] = ()) -> WorkerPool:
     with _POOL_LOCK:
         if _POOL is None or _POOL_PID != os.getpid():
             cap = max(_REQUESTED_WORKERS) if _REQUESTED_WORKERS else DEFAULT_MAX_WORKERS
-            _POOL = WorkerPool(cap, ("sympy", *preload) if _has_sympy() else preload)
+            _POOL = WorkerPool(cap, preload)
             _POOL_PID = os.getpid()
         return _POOL
 
@@ -404,10 +403,6 @@ def shutdown_shared_pool() -> None:
         pool, _POOL = (_POOL if _POOL_PID == os.getpid() else None), None
     if pool is not None:
         pool.close()
-
-
-def _has_sympy() -> bool:
-    return importlib.util.find_spec("sympy") is not None
 
 
 atexit.register(shutdown_shared_pool)
