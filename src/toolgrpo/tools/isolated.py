@@ -67,9 +67,14 @@ class _Worker:
     pid: int
     pidfd: int | None  # signals reach this process even if its pid were reused
     conn: Connection
+    killed: bool = False
 
     def kill(self) -> None:
-        """SIGKILL: C code holding the GIL cannot ignore it. The zygote reaps the process."""
+        """SIGKILL: C code holding the GIL cannot ignore it. The zygote reaps the process. Once
+        only: after the zygote reaps it, the pid may belong to someone else."""
+        if self.killed:
+            return
+        self.killed = True
         try:
             if self.pidfd is not None:
                 signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
@@ -207,7 +212,7 @@ class WorkerPool:
                 return worker  # else a slot freed up (or the pool closed): look again
 
     async def _start(self, loop: asyncio.AbstractEventLoop) -> _Worker:
-        """Start a worker in a helper thread: the fork server's first start imports the tools'
+        """Start a worker in a helper thread: the zygote's first start imports the tools'
         modules, which must not block the event loop."""
         claim = _Claim(loop, loop.create_future())
 
@@ -219,6 +224,12 @@ class WorkerPool:
             worker = outcome if isinstance(outcome, _Worker) else None
             with self._lock:
                 self._starting -= 1
+                if worker is not None and self._closed:  # shut down meanwhile
+                    worker.kill()
+                    worker, outcome = (
+                        None,
+                        IsolationUnavailable("the tool worker pool was shut down"),
+                    )
                 if worker is not None:
                     self._live.add(worker)
                     self.started += 1
@@ -247,7 +258,8 @@ class WorkerPool:
         return worker
 
     def _take_back(self, claim: _Claim) -> None:
-        """The claim's event loop is closed: whatever it was handed goes to someone else."""
+        """The claim's caller was cancelled or its event loop closed: whatever it was handed
+        goes to someone else."""
         with self._lock:
             claim.gone = True
             worker, slot = claim.worker, claim.slot
