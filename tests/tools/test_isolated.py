@@ -217,3 +217,10 @@ def test_no_worker_at_all_is_the_environments_failure(monkeypatch) -> None:
     env = ToolEnv([], [TOOLS["worker_pid"]], lambda t: 0.0, timeout_s=5)
     with pytest.raises(IsolationUnavailable, match="fork refused"):
         asyncio.run(env.step([ToolCall("worker_pid", {})]))
+
+
+def test_a_decorated_tool_can_be_isolated() -> None:
+    (result,) = asyncio.run(
+        run_tool_calls({"decorated": fns.decorated}, [ToolCall("decorated", {"n": 21})])
+    )
+    assert (result.text, result.is_error, fns.decorated.isolated) == ("42", False, True)

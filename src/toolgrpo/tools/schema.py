@@ -198,9 +198,8 @@ def tool(
 def tool(
     fn: ToolFn | None = None, *, name: str | None = None, isolated: bool = False
 ) -> Tool | Callable[[ToolFn], Tool]:
-    """Decorator form of ``function_tool``: ``@tool`` or ``@tool(name="search", isolated=True)``.
-    An isolated tool must stay importable under its own name: decorate a differently named
-    function, or use ``function_tool``, since a worker looks the function up by name."""
+    """Decorator form of ``function_tool``: ``@tool`` or ``@tool(name="search", isolated=True)``
+    (a worker looks the function up by module and name and unwraps the ``Tool`` it finds)."""
     if fn is None:
         return lambda f: function_tool(f, name=name, isolated=isolated)
     return function_tool(fn, name=name, isolated=isolated)
