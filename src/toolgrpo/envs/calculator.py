@@ -311,8 +311,8 @@ def make_calculator_env(task: Task, options: Mapping[str, Any]) -> ToolEnv:
         calculator_tools(),
         lambda t: calculator_reward(t, task.ground_truth),
         timeout_s=timeout_s,
-        stateless=True,  # pure tools: rollback needs no state saved
         memory_limit_mb=memory_limit_mb,
+        stateless=True,  # pure tools: rollback needs no state saved
     )
 
 

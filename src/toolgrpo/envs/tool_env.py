@@ -40,8 +40,8 @@ class ToolEnv(Env):
         max_turns: int = 4,
         timeout_s: float | None = 10.0,
         max_parallel: int | None = None,
-        stateless: bool = False,
         memory_limit_mb: float | None = DEFAULT_MEMORY_LIMIT_MB,
+        stateless: bool = False,
     ) -> None:
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")

@@ -37,7 +37,6 @@ from toolgrpo.rollout.generator import SamplingParams
 from toolgrpo.rollout.hf import HFGenerator
 from toolgrpo.rollout.prompts import filter_overlong
 from toolgrpo.router.runtime import RouterRuntime
-from toolgrpo.tools.isolated import shutdown_shared_pool
 from toolgrpo.trainer import state as ckpt_state
 from toolgrpo.trainer.actor import Actor
 from toolgrpo.trainer.batch import Batch
@@ -310,6 +309,8 @@ class Trainer(RolloutStage):
             stop = getattr(part, "close", None)
             if stop is not None:
                 stop()
+        from toolgrpo.tools.isolated import shutdown_shared_pool
+
         shutdown_shared_pool()  # isolated tools' worker processes (also done at exit)
 
     # ---- checkpoints ---------------------------------------------------------------------------
