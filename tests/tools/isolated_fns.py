@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import os
 
-from toolgrpo.tools import tool
-
 
 def worker_pid() -> int:
     """The worker process's pid."""
@@ -49,13 +47,3 @@ class Unpicklable(Exception):
 def fail_oddly() -> str:
     """Raise an exception that cannot cross a pipe."""
     raise Unpicklable(1, 2)
-
-
-@tool(isolated=True)
-def decorated(n: int) -> int:
-    """A tool made by the decorator: the module's name now holds a Tool, not the function.
-
-    Args:
-        n: A number.
-    """
-    return n * 2

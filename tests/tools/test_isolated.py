@@ -219,8 +219,12 @@ def test_no_worker_at_all_is_the_environments_failure(monkeypatch) -> None:
         asyncio.run(env.step([ToolCall("worker_pid", {})]))
 
 
-def test_a_decorated_tool_can_be_isolated() -> None:
-    (result,) = asyncio.run(
-        run_tool_calls({"decorated": fns.decorated}, [ToolCall("decorated", {"n": 21})])
-    )
-    assert (result.text, result.is_error, fns.decorated.isolated) == ("42", False, True)
+def test_a_decorated_tool_can_be_isolated_and_its_import_is_not_timed() -> None:
+    """The worker imports the tool's module (seconds: transformers) before the 1 s deadline."""
+    from tests.tools.isolated_decorated import decorated
+
+    tools = {"decorated": decorated, "worker_pid": TOOLS["worker_pid"]}
+    assert not call("worker_pid").is_error  # a pool whose zygote did not import the module
+    calls = [ToolCall("decorated", {"n": 21})]
+    (result,) = asyncio.run(run_tool_calls(tools, calls, timeout_s=1.0))
+    assert (result.text, result.is_error, decorated.isolated) == ("42", False, True)

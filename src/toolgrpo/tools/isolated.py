@@ -22,7 +22,7 @@ import signal
 import threading
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -67,6 +67,7 @@ class _Worker:
     pid: int
     pidfd: int | None  # signals reach this process even if its pid were reused
     conn: Connection
+    modules: set[str] = field(default_factory=set)  # imported (the zygote's, then on demand)
     killed: bool = False
 
     def kill(self) -> None:
@@ -128,10 +129,13 @@ class WorkerPool:
     ) -> Any:
         """``fn(**kwargs)`` in a worker; raises what ``fn`` raised, ``IsolatedTimeout`` past
         ``timeout_s`` (counted from when a worker took the call) or ``IsolatedCrash``."""
+        ref = reference(fn)
         worker = await self._acquire()
         healthy = False
         try:
-            worker.conn.send((reference(fn), dict(kwargs), timeout_s, memory_limit_mb))
+            if ref[0] == "name" and ref[1] not in worker.modules:
+                await self._import(worker, ref[1])
+            worker.conn.send(("call", ref, dict(kwargs), timeout_s, memory_limit_mb))
             reply = await _reply(worker.conn, timeout_s)
             healthy = reply[0] in ("ok", "raised")
         except asyncio.TimeoutError:
@@ -145,6 +149,28 @@ class WorkerPool:
         if reply[0] == "raised":
             raise reply[1]
         return reply[1]
+
+    async def _import(self, worker: _Worker, module: str) -> None:
+        """The tool's module, imported before the call's deadline starts (so a first call
+        does not pay for, say, sympy's import); a module that cannot import is the
+        environment's failure."""
+        worker.conn.send(("import", module))
+        try:
+            status, detail = await _reply(worker.conn, START_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            raise IsolationUnavailable(f"importing {module} in a tool worker timed out") from None
+        if status != "imported":
+            raise IsolationUnavailable(f"a tool worker {detail}")
+        worker.modules.add(module)
+        self.add_preload((module,))
+
+    def add_preload(self, modules: Sequence[str]) -> None:
+        """More modules for the zygote to import, if it has not started yet."""
+        with self._lock:
+            new = tuple(m for m in modules if m not in self.preload)
+            if new and not self._zygote.started:
+                self.preload += new
+                self._zygote.preload = self.preload
 
     def close(self) -> None:
         """Kill every worker; callers waiting for one get ``IsolationUnavailable``."""
@@ -271,7 +297,8 @@ class WorkerPool:
 
     def _spawn(self) -> _Worker:
         try:
-            worker = _Worker(*self._zygote.fork())
+            pid, pidfd, conn = self._zygote.fork()
+            worker = _Worker(pid, pidfd, conn, modules=set(self._zygote.loaded))
         except (OSError, EOFError) as exc:
             raise IsolationUnavailable(f"cannot start a tool worker: {exc}") from None
         try:
@@ -405,7 +432,9 @@ def shared_pool(preload: Sequence[str] = ()) -> WorkerPool:
             cap = max(_REQUESTED_WORKERS) if _REQUESTED_WORKERS else DEFAULT_MAX_WORKERS
             _POOL = WorkerPool(cap, preload)
             _POOL_PID = os.getpid()
-        return _POOL
+        pool = _POOL
+    pool.add_preload(preload)
+    return pool
 
 
 def shutdown_shared_pool() -> None:

@@ -65,9 +65,17 @@ def worker_main(conn: Connection, preload: Sequence[str]) -> None:
     conn.send(("ready", os.getpid()))
     while True:
         try:
-            ref, kwargs, timeout_s, memory_limit_mb = conn.recv()
+            request = conn.recv()
         except (EOFError, OSError):
             return  # the parent is gone
+        if request[0] == "import":  # before a call's deadline starts: imports can take seconds
+            try:
+                importlib.import_module(request[1])
+                conn.send(("imported", request[1]))
+            except BaseException as exc:
+                conn.send(("failed", f"cannot import {request[1]}: {type(exc).__name__}: {exc}"))
+            continue
+        _, ref, kwargs, timeout_s, memory_limit_mb = request
         _set_limits(resource, timeout_s, memory_limit_mb)
         try:
             reply: tuple[Any, ...] = ("ok", resolve(ref)(**kwargs))
@@ -186,6 +194,7 @@ class Zygote:
 
     def __init__(self, preload: Sequence[str]) -> None:
         self.preload = tuple(preload)
+        self.loaded: tuple[str, ...] = ()  # what the running zygote (and its workers) imported
         self._lock = threading.Lock()
         self._proc: subprocess.Popen | None = None
         self._sock: socket.socket | None = None
@@ -211,6 +220,10 @@ class Zygote:
                 return pid, _pidfd(pid), Connection(fds[0])
         raise AssertionError("unreachable")
 
+    @property
+    def started(self) -> bool:
+        return self._sock is not None
+
     def start(self) -> None:
         """Start the zygote now (it imports the tools while the caller does other work)."""
         with self._lock:
@@ -226,7 +239,8 @@ class Zygote:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)  # this process's imports
         code = "from toolgrpo.tools.worker_process import zygote_main; zygote_main()"
-        args = [sys.executable, "-c", code, str(theirs.fileno()), *self.preload]
+        self.loaded = self.preload
+        args = [sys.executable, "-c", code, str(theirs.fileno()), *self.loaded]
         try:
             self._proc = subprocess.Popen(
                 args, pass_fds=[theirs.fileno()], env=env, stdin=subprocess.DEVNULL
