@@ -208,6 +208,16 @@ def test_a_hanging_call_times_out():
     assert result.is_error and result.error_type == "timeout"
 
 
+def test_a_hanging_call_does_not_hold_up_asyncio_run():
+    """Issue 15: a timed-out call ran on in the loop's default executor, which `asyncio.run`
+    joins at exit: the step lasted as long as the call, not its timeout."""
+    env = make_env("multi_turn_base_0", call_timeout=0.1)
+    env._state.instances["GorillaFileSystem"].pwd = lambda: time.sleep(3)
+    start = time.monotonic()
+    result = call(env, "pwd")
+    assert result.error_type == "timeout" and time.monotonic() - start < 2
+
+
 def test_unknown_options_are_refused_and_router_builds_the_env():
     task = entry_to_task(entry_by_id("multi_turn_base_0"), "test")
     env = EnvRouter().make(task)

@@ -4,6 +4,12 @@ exact numeric reward, driven through the registry as the trainer does."""
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -105,6 +111,8 @@ def test_solve(equation, variable, expected):
         ("= 3", "x", "non-empty"),
         ("x +* 2 = 1", "x", "cannot solve"),
         ("x = 1", "xy", "single lowercase letter"),
+        ("2x = 3.5e400", "x", "out of range"),  # sympy builds 10**e: 1e999999 ran for minutes
+        ("x = 1e-99999", "x", "out of range"),  # was silently x = 0
     ],
 )
 def test_solve_refuses(equation, variable, message):
@@ -194,3 +202,122 @@ def test_env_keeps_a_task_system_prompt_and_refuses_unknown_options():
     assert [m["content"] for m in start.messages] == ["mine", "q"]
     with pytest.raises(EnvConfigError, match="top_k"):
         make_env(top_k=3)
+
+
+def test_env_options_are_checked():
+    with pytest.raises(EnvConfigError, match="memory_limit_mb must be a number >= 0"):
+        make_env(memory_limit_mb=-1)
+    with pytest.raises(EnvConfigError, match="num_workers must be a number >= 1"):
+        make_env(num_workers=0)
+    with pytest.raises(EnvConfigError, match="timeout_s"):
+        make_env(timeout_s="soon")
+    env = make_env(timeout_s=2, memory_limit_mb=256)
+    assert (env.timeout_s, env.memory_limit_mb) == (2.0, 256.0)
+    assert env.tools["solve"].isolated and not env.tools["calculate"].isolated
+
+
+# A step with the issue's 12-character call, an input that passes every guard but keeps sympy
+# busy for minutes, and a cheap call, with a coroutine ticking beside it. Run in a child
+# process so that the stall on main is cut off by the test's own timeout.
+_BOMB_STEP = """
+import asyncio, json, sys, time
+from tests.envs.test_calculator import make_env
+from toolgrpo.tools import ToolCall
+
+async def main():
+    env = make_env(timeout_s=1)
+    await env.step([ToolCall("solve", {"equation": "2x = 6"})])  # the pool's first start
+    start = time.monotonic()
+    ticks = 0
+    async def tick():
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.05)
+            ticks += 1
+    ticker = asyncio.create_task(tick())
+    calls = [ToolCall("solve", {"equation": "x = 1e999999"}),
+             ToolCall("solve", {"equation": "sin(x)^6 + cos(x)^5 = 1/3"}),
+             ToolCall("calculate", {"expression": "1+1"})]
+    results = await env.step(calls)
+    ticker.cancel()
+    return [[r.error_type, r.text] for r in results], ticks, start
+
+results, ticks, start = asyncio.run(main())  # the step, then asyncio.run's shutdown
+print(json.dumps({"results": results, "ticks": ticks, "took": time.monotonic() - start}))
+"""
+
+
+def test_a_solve_bomb_does_not_stall_the_step():
+    """Issue 15: `solve("x = 1e999999")` froze the event loop for minutes (sympy holding the
+    GIL), and a timed-out call kept `asyncio.run` waiting for its thread. With a 1 s tool timeout
+    the whole step (and `asyncio.run`) now ends within a few seconds, the loop keeps ticking, and
+    the cheap call in the same turn answers."""
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root / "src"), str(root)])}
+    start = time.monotonic()
+    out = subprocess.run(
+        [sys.executable, "-c", _BOMB_STEP],
+        env=env,
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    (guard, guard_text), (bomb, bomb_text), (cheap, cheap_text) = report["results"]
+    assert guard == "exception" and "out of range" in guard_text
+    assert bomb == "timeout" and "was stopped" in bomb_text
+    assert (cheap, cheap_text) == (None, "2")
+    assert report["took"] < 1 + 3, report  # the timeout, worker starts, slack for load
+    assert report["ticks"] >= 5, report  # the loop was never frozen for the step
+    assert time.monotonic() - start < 25
+
+
+def test_isolated_solve_behind_serve_env():
+    """`toolgrpo serve-env calculator` (uvicorn's event loop, in a thread here): a runaway
+    `solve` is stopped at the server's timeout and the cheap call beside it answers."""
+    import socket
+    import threading
+
+    import uvicorn
+
+    from toolgrpo.envs.remote import RemoteEnv, RemoteOptions
+    from toolgrpo.envs.server import create_app
+    from toolgrpo.tools import ToolCall
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    app = create_app("calculator", {"timeout_s": 1}, None)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline
+        time.sleep(0.02)
+    url = f"ws://127.0.0.1:{sock.getsockname()[1]}/ws"
+    task = Task("calc#0", ({"role": "user", "content": "q"},), "1", "calculator", "calculator")
+
+    async def episode():
+        env = RemoteEnv(task, RemoteOptions.parse({"url": url, "timeout_s": 30}))
+        await env.reset()
+        await env.step([ToolCall("solve", {"equation": "2x = 6"}, id="w")])  # first worker
+        start = time.monotonic()
+        calls = [
+            ToolCall("solve", {"equation": "sin(x)^6 + cos(x)^5 = 1/3"}, id="b"),
+            ToolCall("calculate", {"expression": "1+1"}, id="c"),
+        ]
+        results = await env.step(calls)
+        took = time.monotonic() - start
+        await env.close()
+        return results, took
+
+    try:
+        (bomb, cheap), took = asyncio.run(episode())
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        sock.close()
+    assert bomb.error_type == "timeout" and (cheap.text, cheap.is_error) == ("2", False)
+    assert took < 1 + 3, took

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import pytest
 
@@ -288,3 +289,49 @@ def test_truncate_no_op_cases(tokenizer) -> None:
 def test_truncate_rejects_unknown_side(tokenizer) -> None:
     with pytest.raises(ValueError, match="side"):
         truncate_text(tokenizer, TEXT, 5, "both")
+
+
+def test_a_timed_out_thread_tool_does_not_hold_up_asyncio_run() -> None:
+    """Issue 15: a sync tool past its deadline kept running in the loop's default executor, and
+    `asyncio.run` joined that executor at exit, so the step lasted as long as the tool."""
+    release = threading.Event()
+
+    def stuck() -> str:
+        release.wait(20)
+        return "late"
+
+    tools = {"stuck": dict_tool({"name": "stuck"}, stuck)}
+    start = time.monotonic()
+    try:
+        (result,) = run([ToolCall("stuck", {}, id="call_0")], tools, timeout_s=0.2)
+        took = time.monotonic() - start
+    finally:
+        release.set()
+    assert result.error_type == "timeout" and took < 3, (result, took)
+
+
+def test_slow_thread_tools_do_not_starve_other_calls() -> None:
+    """Issue 15: six slow calls filled the default thread pool (2 cores: 6 threads), so a later
+    cheap call waited behind them and was scored as a timeout."""
+    release = threading.Event()
+
+    def slow() -> str:
+        release.wait(20)
+        return "late"
+
+    tools = {"slow": dict_tool({"name": "slow"}, slow), "add": function_tool(add)}
+
+    async def main() -> list[ToolResult]:
+        slow_calls = [ToolCall("slow", {}, id=f"s{i}") for i in range(8)]
+        blocked = asyncio.create_task(run_tool_calls(tools, slow_calls, timeout_s=5))
+        await asyncio.sleep(0.2)
+        cheap = await run_tool_calls(tools, [ToolCall("add", {"a": 1, "b": 1})], timeout_s=1)
+        release.set()
+        await blocked
+        return cheap
+
+    try:
+        (result,) = asyncio.run(main())
+    finally:
+        release.set()
+    assert (result.text, result.is_error) == ("2", False)

@@ -25,6 +25,7 @@ from toolgrpo.rollout.backends import make_generator, sync_weights
 from toolgrpo.rollout.episode import Episode
 from toolgrpo.rollout.generator import Completion, SamplingParams
 from toolgrpo.rollout.multi_turn import Condition
+from toolgrpo.tools.isolated import shutdown_shared_pool
 
 FAULTS = ("exit", "hang", "raise")
 
@@ -115,6 +116,7 @@ class RolloutWorker:
         stop = getattr(self.generator, "close", None)
         if stop is not None:
             stop()
+        shutdown_shared_pool()  # isolated tools' worker processes
 
     # ---- work -----------------------------------------------------------------------------
     def generate(self, prompts: list[list[int]], params: SamplingParams, seed: int) -> ChunkResult:

@@ -37,6 +37,7 @@ from toolgrpo.envs._bfcl_calls import (
 from toolgrpo.envs._bfcl_data import BfclEntry, entry_from_task, function_specs
 from toolgrpo.envs.base import Env, EnvReward, EnvStart, Transcript
 from toolgrpo.envs.registry import EnvConfigError, register_env
+from toolgrpo.tools.schema import in_thread
 from toolgrpo.tools.types import ToolCall, ToolResult
 
 
@@ -133,8 +134,9 @@ class BfclEnv(Env):
             s.results.append(f"Error during execution: {e}")
             return _error(call, "invalid_arguments", f"Invalid arguments for {call.name}: {e}")
         try:
+            # A thread of its own: asyncio.run would wait for a timed-out call in its executor
             value = await asyncio.wait_for(
-                asyncio.to_thread(method, **args), self.options.call_timeout
+                in_thread(method, args, call.name), self.options.call_timeout
             )
         except asyncio.TimeoutError:
             s.results.append("Error during execution: timed out")

@@ -2,7 +2,9 @@
 
 ``calculate`` is a bounded expression evaluator (simpleeval with a whitelist of nodes, never
 Python ``eval``); ``solve`` parses an equation with sympy after a token whitelist, since sympy's
-own parser evaluates code. The reward is exact numeric agreement of the final ``<answer>``.
+own parser evaluates code. ``solve`` runs isolated (a worker process killed at the deadline):
+sympy can spend minutes holding the GIL on a short input. The reward is exact numeric agreement
+of the final ``<answer>``.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from toolgrpo.data.task import Task
 from toolgrpo.envs.base import EnvReward, Transcript
 from toolgrpo.envs.registry import EnvConfigError, register_env
 from toolgrpo.envs.tool_env import ToolEnv
+from toolgrpo.tools.isolated import DEFAULT_MEMORY_LIMIT_MB, request_workers
 from toolgrpo.tools.schema import Tool, function_tool
 
 SYSTEM_PROMPT = (
@@ -117,6 +120,8 @@ def calculate(expression: str) -> str:
 _SOLVE_FUNCTIONS = ("sqrt", "exp", "log", "sin", "cos", "tan", "pi", "E")
 _ALLOWED_CHARS = re.compile(r"^[A-Za-z0-9\s.+\-*/^()=]*$")
 _MAX_SOLVE_POWER = 6
+_MAX_LITERAL_EXPONENT = 300  # sympy builds 10**e exactly: 1e99999 took 4 s, 1e999999 minutes
+_LITERAL = re.compile(r"\d+(?:\.\d*)?(?:e(-?\d+))?")
 
 
 def _parse_side(text: str, variable: str) -> Any:
@@ -171,6 +176,12 @@ def solve(equation: str, variable: str = "x") -> str:
     for word in re.findall(r"[A-Za-z]\w*", re.sub(r"\d+(\.\d*)?(e-?\d+)?", " ", equation)):
         if word != variable and word not in _SOLVE_FUNCTIONS:
             raise ValueError(f"unknown name {word!r} (the variable is {variable!r})")
+    for literal in _LITERAL.finditer(equation):
+        if literal[1] and abs(int(literal[1])) > _MAX_LITERAL_EXPONENT:
+            raise ValueError(
+                f"number {literal[0][:20]!r} is out of range (exponents up to "
+                f"{_MAX_LITERAL_EXPONENT} in absolute value)"
+            )
     if equation.replace("==", "=").count("=") > 1:
         raise ValueError("an equation has at most one '='")
     lhs, eq, rhs = equation.replace("==", "=").partition("=")
@@ -195,6 +206,11 @@ def solve(equation: str, variable: str = "x") -> str:
     if not sols:
         return f"no real solution for {variable}"
     return "; ".join(f"{variable} = {_show(s)}" for s in sols)
+
+
+def warm_up_isolated() -> None:
+    """Run once in the isolated tools' zygote: sympy's first solve loads much lazily."""
+    solve("x^2 + 3x - 40 = 0")
 
 
 def _show(value: Any) -> str:
@@ -273,18 +289,42 @@ def check_options(env: str, options: Mapping[str, Any], known: tuple[str, ...]) 
 
 @lru_cache(maxsize=1)
 def calculator_tools() -> tuple[Tool, ...]:
-    return function_tool(calculate), function_tool(solve)
+    # calculate is bounded by construction (checked operands, 400 characters): a thread will do
+    return function_tool(calculate), function_tool(solve, isolated=True)
+
+
+OPTIONS = ("timeout_s", "memory_limit_mb", "num_workers")
 
 
 @register_env("calculator")
 def make_calculator_env(task: Task, options: Mapping[str, Any]) -> ToolEnv:
-    """Options: ``timeout_s`` per tool call (default 10)."""
-    check_options("calculator", options, ("timeout_s",))
+    """Options: ``timeout_s`` per tool call (default 10; ``solve``'s worker is killed at it),
+    ``memory_limit_mb`` a ``solve`` call may add to its worker (default 1024; 0 = no limit),
+    ``num_workers`` worker processes for isolated tools in this process (default 4)."""
+    check_options("calculator", options, OPTIONS)
+    timeout_s = _number(options, "timeout_s", 10.0, minimum=0.0)
+    memory_limit_mb = _number(options, "memory_limit_mb", DEFAULT_MEMORY_LIMIT_MB, minimum=0.0)
+    if "num_workers" in options:
+        request_workers(int(_number(options, "num_workers", 0, minimum=1)))
     return ToolEnv(
         with_system(task.messages, SYSTEM_PROMPT),
         calculator_tools(),
         lambda t: calculator_reward(t, task.ground_truth),
-        timeout_s=float(options.get("timeout_s", 10.0)),
+        timeout_s=timeout_s,
+        memory_limit_mb=memory_limit_mb,
         stateless=True,  # pure tools: rollback needs no state saved
         reward_range=(0.0, 1.0),  # correct or not
     )
+
+
+def _number(options: Mapping[str, Any], key: str, default: float, minimum: float) -> float:
+    value = options.get(key, default)
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = math.nan
+    if not math.isfinite(number) or number < minimum or isinstance(value, bool):
+        raise EnvConfigError(
+            f"calculator option {key} must be a number >= {minimum:g}, got {value!r}"
+        )
+    return number

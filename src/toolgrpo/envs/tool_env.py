@@ -15,6 +15,7 @@ from typing import Any
 
 from toolgrpo.envs.base import Env, EnvReward, EnvStart, Transcript
 from toolgrpo.tools.executor import run_tool_calls
+from toolgrpo.tools.isolated import DEFAULT_MEMORY_LIMIT_MB, modules_of, shared_pool
 from toolgrpo.tools.schema import Tool
 from toolgrpo.tools.types import ToolCall, ToolResult
 
@@ -27,7 +28,9 @@ RewardFn = Callable[[Transcript], RewardValue | Awaitable[RewardValue]]
 class ToolEnv(Env):
     """One episode: ``reset`` opens with ``messages`` and the tools' specs, ``step`` runs the
     turn's calls in parallel, ``reward`` asks ``reward_fn``. A failing reward function scores
-    0 with ``reward_error`` set, so one bad episode does not stop a training run."""
+    0 with ``reward_error`` set, so one bad episode does not stop a training run.
+    ``timeout_s`` bounds each call; ``memory_limit_mb`` what an isolated tool's call may add to
+    its worker process's memory (``Tool.isolated``)."""
 
     def __init__(
         self,
@@ -37,6 +40,7 @@ class ToolEnv(Env):
         max_turns: int = 4,
         timeout_s: float | None = 10.0,
         max_parallel: int | None = None,
+        memory_limit_mb: float | None = DEFAULT_MEMORY_LIMIT_MB,
         stateless: bool = False,
         reward_range: tuple[float, float] | None = None,
     ) -> None:
@@ -53,6 +57,10 @@ class ToolEnv(Env):
         self.max_turns = max_turns
         self.timeout_s = timeout_s
         self.max_parallel = max_parallel
+        self.memory_limit_mb = memory_limit_mb
+        isolated = [t for t in by_name.values() if t.isolated]
+        if isolated:  # start the worker pool's zygote while the episode generates its first turn
+            shared_pool(modules_of(isolated[0].fn)).warm()
         # Tools that keep no state (pure functions, read-only lookups) make a snapshot free,
         # which is all tool rollback needs; tools with side effects need an Env of their own.
         self.supports_snapshot = stateless
@@ -64,7 +72,9 @@ class ToolEnv(Env):
         return EnvStart(copy.deepcopy(self.messages), [t.spec() for t in self.tools.values()])
 
     async def step(self, calls: list[ToolCall]) -> list[ToolResult]:
-        return await run_tool_calls(self.tools, calls, self.timeout_s, self.max_parallel)
+        return await run_tool_calls(
+            self.tools, calls, self.timeout_s, self.max_parallel, self.memory_limit_mb
+        )
 
     def snapshot(self) -> None:
         if not self.supports_snapshot:

@@ -2,17 +2,25 @@
 
 Nothing here raises into a rollout: parse errors, unknown tools, schema violations, exceptions
 and timeouts all become ``ToolResult(is_error=True)`` whose text says what to fix. Only
-cancellation of the caller, ``KeyboardInterrupt`` and ``SystemExit`` propagate.
+cancellation of the caller, ``KeyboardInterrupt``, ``SystemExit`` and ``IsolationUnavailable``
+(no worker process could be started: the environment's failure, not the model's) propagate.
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any, Protocol
 
+from toolgrpo.tools.isolated import (
+    DEFAULT_MEMORY_LIMIT_MB,
+    IsolatedCrash,
+    IsolatedTimeout,
+    IsolationUnavailable,
+)
 from toolgrpo.tools.schema import Tool
 from toolgrpo.tools.types import ToolCall, ToolResult
 
@@ -21,7 +29,8 @@ log = logging.getLogger(__name__)
 EXPECTED_FORMAT = '<tool_call>{"name": "<tool name>", "arguments": {<JSON object>}}</tool_call>'
 TRUNCATE_SIDES = ("right", "left", "middle")
 _MAX_MESSAGE_CHARS = 500
-_PASS_THROUGH = (KeyboardInterrupt, SystemExit, asyncio.CancelledError)
+_WARNED_ABANDONED: set[str] = set()  # thread tools already warned about, once per process
+_PASS_THROUGH = (KeyboardInterrupt, SystemExit, asyncio.CancelledError, IsolationUnavailable)
 
 
 async def run_tool_calls(
@@ -29,21 +38,26 @@ async def run_tool_calls(
     calls: Sequence[ToolCall],
     timeout_s: float | None = 10.0,
     max_parallel: int | None = None,
+    memory_limit_mb: float | None = DEFAULT_MEMORY_LIMIT_MB,
 ) -> list[ToolResult]:
     """Results in call order. ``timeout_s`` limits each call's run time (not its wait for a
-    ``max_parallel`` slot); ``None`` or ``<= 0`` means no limit. A sync tool that times out keeps
-    running in its worker thread: Python cannot kill a thread, only stop waiting for it."""
+    ``max_parallel`` slot or a worker process); ``None`` or ``<= 0`` means no limit. An isolated
+    tool's worker is killed at the limit; any other sync tool that times out keeps running in its
+    daemon thread (Python cannot kill a thread), but nothing waits for it any more.
+    ``memory_limit_mb`` bounds what an isolated call may add to its worker's memory."""
     slots = asyncio.Semaphore(max_parallel) if max_parallel and max_parallel > 0 else None
 
     async def run(call: ToolCall) -> ToolResult:
         if slots is None:
-            return await run_tool_call(tools, call, timeout_s)
+            return await run_tool_call(tools, call, timeout_s, memory_limit_mb)
         async with slots:
-            return await run_tool_call(tools, call, timeout_s)
+            return await run_tool_call(tools, call, timeout_s, memory_limit_mb)
 
     outcomes = await asyncio.gather(*(run(c) for c in calls), return_exceptions=True)
     results = []
     for call, outcome in zip(calls, outcomes, strict=True):
+        if isinstance(outcome, IsolationUnavailable):
+            raise outcome
         if isinstance(outcome, ToolResult):
             results.append(outcome)
         else:  # only a tool's own CancelledError can get here; the safety net in any case
@@ -52,7 +66,10 @@ async def run_tool_calls(
 
 
 async def run_tool_call(
-    tools: Mapping[str, Tool], call: ToolCall, timeout_s: float | None = 10.0
+    tools: Mapping[str, Tool],
+    call: ToolCall,
+    timeout_s: float | None = 10.0,
+    memory_limit_mb: float | None = DEFAULT_MEMORY_LIMIT_MB,
 ) -> ToolResult:
     """One call, checked (parsed, known, valid arguments) before it runs."""
     try:
@@ -65,7 +82,7 @@ async def run_tool_call(
         if problem is not None:
             text = f"Error: invalid arguments for tool '{call.name}': {problem}"
             return _error(call, "invalid_arguments", text)
-        return await _invoke(tool, call, timeout_s)
+        return await _invoke(tool, call, timeout_s, memory_limit_mb)
     except _PASS_THROUGH:
         raise
     except BaseException as exc:  # a broken Mapping or validator; the model still gets an answer
@@ -73,29 +90,46 @@ async def run_tool_call(
         return _exception_result(call, exc)
 
 
-async def _invoke(tool: Tool, call: ToolCall, timeout_s: float | None) -> ToolResult:
+async def _invoke(
+    tool: Tool, call: ToolCall, timeout_s: float | None, memory_limit_mb: float | None
+) -> ToolResult:
     async def guarded() -> ToolResult | BaseException:
         # The tool's own exceptions are returned, not raised, so a TimeoutError raised inside
         # the tool (say, by an HTTP client) is not mistaken for our time limit.
         try:
-            return await tool(call.arguments)
+            return await tool(call.arguments, timeout_s, memory_limit_mb)
         except _PASS_THROUGH:
             raise
         except BaseException as exc:
             return exc
 
+    timed_out = f"Error: tool '{call.name}' timed out after {timeout_s:g}s" if timeout_s else ""
     try:
-        if timeout_s is None or timeout_s <= 0:
-            outcome = await guarded()
+        if tool.isolated or timeout_s is None or timeout_s <= 0:
+            outcome = await guarded()  # an isolated tool's worker keeps (and enforces) the time
         else:
             outcome = await asyncio.wait_for(guarded(), timeout_s)
     except asyncio.TimeoutError:  # the builtin TimeoutError on 3.11+
-        text = f"Error: tool '{call.name}' timed out after {timeout_s:g}s"
-        return _error(call, "timeout", text)
+        if tool.name not in _WARNED_ABANDONED and not _is_coroutine_tool(tool):
+            _WARNED_ABANDONED.add(tool.name)
+            log.warning(
+                "tool %r timed out in a thread, which cannot be stopped and runs on; if some "
+                "input keeps it busy, declare it isolated=True (a killable worker process)",
+                tool.name,
+            )
+        return _error(call, "timeout", timed_out)
+    if isinstance(outcome, IsolatedTimeout):
+        return _error(call, "timeout", f"{timed_out} and was stopped; try a simpler input")
+    if isinstance(outcome, IsolatedCrash):
+        return _error(call, "exception", f"Error: tool '{call.name}' {outcome}")
     if isinstance(outcome, BaseException):
         log.debug("tool %r raised", call.name, exc_info=outcome)
         return _exception_result(call, outcome)
     return replace(outcome, name=call.name, call_id=call.id)
+
+
+def _is_coroutine_tool(tool: Tool) -> bool:
+    return inspect.iscoroutinefunction(tool.fn)
 
 
 def _error(call: ToolCall, error_type: str, text: str) -> ToolResult:

@@ -8,14 +8,22 @@ Google-style docstring, the way ``apply_chat_template(tools=[fn])`` derives it) 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import inspect
 import json
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, overload
 
 import jsonschema
 
+from toolgrpo.tools.isolated import (
+    DEFAULT_MEMORY_LIMIT_MB,
+    check_isolatable,
+    modules_of,
+    shared_pool,
+)
 from toolgrpo.tools.types import ToolResult
 
 ToolFn = Callable[..., Any]  # called with the arguments as keywords; sync or async
@@ -28,13 +36,16 @@ class ToolOutputError(TypeError):
 
 @dataclass(frozen=True, eq=False)
 class Tool:
-    """A callable tool. ``fn`` gets the call's arguments as keyword arguments; sync functions run in
-    a worker thread so a slow one does not stall the other episodes on the event loop."""
+    """A callable tool. ``fn`` gets the call's arguments as keyword arguments. A sync function
+    runs in a thread of its own, or, if ``isolated``, in a worker process that is killed at the
+    deadline: declare a tool isolated when some input can keep it busy (or hold the GIL) for long,
+    since a thread can only be abandoned, never stopped (``toolgrpo.tools.isolated``)."""
 
     name: str
     description: str
     parameters: dict[str, Any]  # a JSON schema of type "object"
     fn: ToolFn = field(repr=False)
+    isolated: bool = False  # run in a killable worker process (a sync, importable function)
     _validator: Any = field(init=False, repr=False, compare=False)
     _signature: inspect.Signature | None = field(init=False, repr=False, compare=False)
 
@@ -58,6 +69,10 @@ class Tool:
                 f"tool {self.name!r}: invalid parameters schema: {exc.message}"
             ) from exc
         object.__setattr__(self, "_validator", cls(dict(self.parameters)))
+        if self.isolated:
+            if _is_async(self.fn):
+                raise ValueError(f"tool {self.name!r}: an async function cannot be isolated")
+            check_isolatable(self.fn, self.name)
         try:
             signature: inspect.Signature | None = inspect.signature(self.fn)
         except (TypeError, ValueError):  # some builtins have no signature
@@ -90,14 +105,50 @@ class Tool:
                 return str(exc)
         return None
 
-    async def __call__(self, arguments: Mapping[str, Any]) -> ToolResult:
-        if _is_async(self.fn):
+    async def __call__(
+        self,
+        arguments: Mapping[str, Any],
+        timeout_s: float | None = None,
+        memory_limit_mb: float | None = DEFAULT_MEMORY_LIMIT_MB,
+    ) -> ToolResult:
+        """``timeout_s`` and ``memory_limit_mb`` bind an isolated tool only (its worker enforces
+        them); the executor bounds the others by waiting no longer."""
+        if self.isolated:
+            pool = shared_pool(modules_of(self.fn))
+            value = await pool.call(self.fn, arguments, timeout_s, memory_limit_mb)
+        elif _is_async(self.fn):
             value = await self.fn(**arguments)
         else:
-            value = await asyncio.to_thread(self.fn, **arguments)
+            value = await in_thread(self.fn, arguments, self.name)
             if inspect.isawaitable(value):  # a sync wrapper that hands back a coroutine
                 value = await value
         return to_tool_result(value, self.name)
+
+
+async def in_thread(fn: ToolFn, arguments: Mapping[str, Any], name: str = "") -> Any:
+    """``fn(**arguments)`` in a new daemon thread. Not ``asyncio.to_thread``: the loop's default
+    executor has a few threads that slow calls can fill, and ``asyncio.run`` joins them at exit,
+    so one abandoned call would hold up the whole step."""
+    loop = asyncio.get_running_loop()
+    fut: asyncio.Future = loop.create_future()
+    context = contextvars.copy_context()
+
+    def settle(ok: bool, value: Any) -> None:
+        if not fut.done():
+            fut.set_result(value) if ok else fut.set_exception(value)
+
+    def target() -> None:
+        try:
+            ok, value = True, context.run(fn, **arguments)
+        except BaseException as exc:
+            ok, value = False, exc
+        try:
+            loop.call_soon_threadsafe(settle, ok, value)
+        except RuntimeError:  # the loop is closed: nobody is waiting any more
+            pass
+
+    threading.Thread(target=target, name=f"toolgrpo-tool-{name}"[:60], daemon=True).start()
+    return await fut
 
 
 def to_tool_result(value: Any, name: str = "") -> ToolResult:
@@ -115,8 +166,9 @@ def to_tool_result(value: Any, name: str = "") -> ToolResult:
     return ToolResult(text=text, name=name)
 
 
-def function_tool(fn: ToolFn, name: str | None = None) -> Tool:
-    """A tool from a type-hinted function whose Google-style docstring documents every argument."""
+def function_tool(fn: ToolFn, name: str | None = None, isolated: bool = False) -> Tool:
+    """A tool from a type-hinted function whose Google-style docstring documents every argument.
+    ``isolated``: run it in a killable worker process (see ``Tool``)."""
     from transformers.utils import get_json_schema
 
     try:
@@ -133,21 +185,27 @@ def function_tool(fn: ToolFn, name: str | None = None) -> Tool:
         description=function.get("description", ""),
         parameters=function.get("parameters") or dict(_EMPTY_PARAMETERS),
         fn=fn,
+        isolated=isolated,
     )
 
 
 @overload
-def tool(fn: ToolFn, *, name: str | None = None) -> Tool: ...
+def tool(fn: ToolFn, *, name: str | None = None, isolated: bool = False) -> Tool: ...
 @overload
-def tool(fn: None = None, *, name: str | None = None) -> Callable[[ToolFn], Tool]: ...
-def tool(fn: ToolFn | None = None, *, name: str | None = None) -> Tool | Callable[[ToolFn], Tool]:
-    """Decorator form of ``function_tool``: ``@tool`` or ``@tool(name="search")``."""
+def tool(
+    fn: None = None, *, name: str | None = None, isolated: bool = False
+) -> Callable[[ToolFn], Tool]: ...
+def tool(
+    fn: ToolFn | None = None, *, name: str | None = None, isolated: bool = False
+) -> Tool | Callable[[ToolFn], Tool]:
+    """Decorator form of ``function_tool``: ``@tool`` or ``@tool(name="search", isolated=True)``
+    (a worker looks the function up by module and name and unwraps the ``Tool`` it finds)."""
     if fn is None:
-        return lambda f: function_tool(f, name=name)
-    return function_tool(fn, name=name)
+        return lambda f: function_tool(f, name=name, isolated=isolated)
+    return function_tool(fn, name=name, isolated=isolated)
 
 
-def dict_tool(spec: Mapping[str, Any], fn: ToolFn) -> Tool:
+def dict_tool(spec: Mapping[str, Any], fn: ToolFn, isolated: bool = False) -> Tool:
     """A tool from a raw spec, OpenAI-style ``{"type": "function", "function": {...}}`` or flat
     ``{name, description, parameters}``. A spec without ``parameters`` takes no arguments."""
     if not isinstance(spec, Mapping):
@@ -167,6 +225,7 @@ def dict_tool(spec: Mapping[str, Any], fn: ToolFn) -> Tool:
         description=description,
         parameters=dict(_EMPTY_PARAMETERS) if parameters is None else parameters,
         fn=fn,
+        isolated=isolated,
     )
 
 

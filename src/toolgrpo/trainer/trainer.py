@@ -340,11 +340,14 @@ class Trainer(RolloutStage):
         return load_tasks(d.val_files, d.bad_rows, d.val_max_samples, check_task).tasks
 
     def close(self) -> None:
-        """Stop what runs beside the trainer: Ray rollout workers, a vLLM engine."""
+        """Stop what runs beside the trainer: Ray rollout workers, a vLLM engine, tool workers."""
         for part in (self.pool, self.generator):
             stop = getattr(part, "close", None)
             if stop is not None:
                 stop()
+        from toolgrpo.tools.isolated import shutdown_shared_pool
+
+        shutdown_shared_pool()  # isolated tools' worker processes (also done at exit)
 
     # ---- checkpoints ---------------------------------------------------------------------------
     def save_checkpoint(self) -> Path:
