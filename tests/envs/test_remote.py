@@ -74,6 +74,8 @@ class EchoCounterEnv(Env):
         if c.name == "echo":
             text = json.dumps(c.arguments, sort_keys=True)
             return ToolResult(text, name="echo", call_id=c.id, metrics={"chars": float(len(text))})
+        if c.name == "explode":  # an environment bug, not a tool error
+            raise RuntimeError("step exploded")
         if c.name == "count":
             self.count += int(c.arguments.get("by", 1))
             return ToolResult(str(self.count), name="count", call_id=c.id)
@@ -302,6 +304,20 @@ def test_server_env_failures_do_not_raise(url: str) -> None:
     results = asyncio.run(env.step(CALLS[:2]))
     assert [r.error_type for r in results] == ["transport", "transport"]
     assert httpx.get(http(url) + "/health").status_code == 200  # the server lives on
+
+
+def test_a_served_step_that_raises_is_an_environment_failure(url: str) -> None:
+    """In process, ``Env.step`` raising fails the episode in its environment; served, the same
+    bug reached the model as an ``exception`` tool error and the episode was scored."""
+    env = remote(url)
+
+    async def go() -> list[ToolResult]:
+        await env.reset()
+        return await env.step([ToolCall("explode", {}, id="e")])
+
+    results = asyncio.run(go())
+    assert env.fatal_error is not None and "step exploded" in env.fatal_error
+    assert [r.error_type for r in results] == ["transport"]
 
 
 def test_timeout_and_refused_connection_end_the_episode(url: str) -> None:

@@ -8,9 +8,10 @@ The token comes from ``token_env`` (a variable's name) or ``token_file`` (a path
 ``token`` works but is redacted from ``config.yaml`` and checkpoints. The task's ground truth is
 sent with the reward request, not at reset, unless the server says its environment needs it then.
 
-A lost server must not stop training: any transport failure (refused, dropped, timed out, garbled)
-sets ``fatal_error``, tool calls get ``transport`` error results and the reward is ``error_reward``
-with part ``env_error``; nothing raises out of ``reset``/``step``/``reward``.
+A lost server must not stop training: any transport failure (refused, dropped, timed out, garbled),
+or the served environment raising, sets ``fatal_error`` and tool calls get ``transport`` error
+results; the episode loop then ends the episode as an environment failure, which the trainer leaves
+out of training. Nothing raises out of ``reset``/``step``/``reward``.
 """
 
 from __future__ import annotations
@@ -185,12 +186,9 @@ class RemoteEnv(Env):
         )
         if reply is None:
             return [self._transport_result(c) for c in calls]
-        if reply["op"] == "error":  # the served env raised: the model is told, the episode goes on
-            text = f"Error: the environment failed: {reply.get('message')}"
-            return [
-                ToolResult(text, is_error=True, error_type="exception", name=c.name, call_id=c.id)
-                for c in calls
-            ]
+        if reply["op"] == "error":  # the served env's step raised: its failure, as in process
+            await self._fail(f"server env step failed: {reply.get('message')}")
+            return [self._transport_result(c) for c in calls]
         try:
             raw = reply.get("results")
             if not isinstance(raw, list) or len(raw) != len(calls):
