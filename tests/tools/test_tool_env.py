@@ -1,12 +1,11 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 
 import pytest
 
 from toolgrpo.envs.base import Env, EnvReward, Transcript
-from toolgrpo.envs.tool_env import ToolEnv
+from toolgrpo.envs.tool_env import RewardFunctionError, ToolEnv
 from toolgrpo.tools import ToolCall, dict_tool, function_tool
 
 MESSAGES = [
@@ -74,7 +73,10 @@ def test_reward_accepts_floats_rewards_and_coroutines() -> None:
 
 
 @pytest.mark.parametrize("bad", ["raises", "wrong_type", "async_raises"])
-def test_a_failing_reward_fn_scores_zero_and_logs(bad, caplog) -> None:
+def test_a_failing_reward_fn_is_the_environments_failure(bad) -> None:
+    """A broken reward function used to score the episode 0 as if the model had failed; it is
+    the environment's failure: it raises, and the episode loop leaves the episode out."""
+
     def raises(t: Transcript) -> float:
         raise KeyError("ground_truth")
 
@@ -82,10 +84,8 @@ def test_a_failing_reward_fn_scores_zero_and_logs(bad, caplog) -> None:
         raise RuntimeError("judge down")
 
     fn = {"raises": raises, "wrong_type": lambda t: "1.0", "async_raises": async_raises}[bad]
-    with caplog.at_level(logging.ERROR, logger="toolgrpo.envs.tool_env"):
-        reward = asyncio.run(make(fn).reward(TRANSCRIPT))
-    assert reward == EnvReward(0.0, {"reward_error": 1.0})
-    assert "reward function failed" in caplog.text
+    with pytest.raises(RewardFunctionError, match="reward function failed"):
+        asyncio.run(make(fn).reward(TRANSCRIPT))
 
 
 def test_bad_construction() -> None:

@@ -25,10 +25,15 @@ RewardValue = EnvReward | float
 RewardFn = Callable[[Transcript], RewardValue | Awaitable[RewardValue]]
 
 
+class RewardFunctionError(RuntimeError):
+    """A ``reward_fn`` raised or returned something that is not a score: the environment's bug."""
+
+
 class ToolEnv(Env):
     """One episode: ``reset`` opens with ``messages`` and the tools' specs, ``step`` runs the
-    turn's calls in parallel, ``reward`` asks ``reward_fn``. A failing reward function scores
-    0 with ``reward_error`` set, so one bad episode does not stop a training run.
+    turn's calls in parallel, ``reward`` asks ``reward_fn``. A failing reward function raises
+    ``RewardFunctionError``: the episode loop ends that episode as an environment failure (never
+    scored as the model's, left out of training), and the run goes on.
     ``timeout_s`` bounds each call; ``memory_limit_mb`` what an isolated tool's call may add to
     its worker process's memory (``Tool.isolated``)."""
 
@@ -91,9 +96,10 @@ class ToolEnv(Env):
             if inspect.isawaitable(value):
                 value = await value
             return _as_reward(value)
-        except Exception:
-            log.exception("reward function failed; scoring the episode 0")
-            return EnvReward(0.0, {"reward_error": 1.0})
+        except Exception as exc:
+            raise RewardFunctionError(
+                f"reward function failed: {type(exc).__name__}: {exc}"
+            ) from exc
 
 
 def _as_reward(value: Any) -> EnvReward:
