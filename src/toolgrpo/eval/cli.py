@@ -12,6 +12,7 @@ from toolgrpo.config.loader import load_config
 from toolgrpo.config.schema import TrainConfig
 from toolgrpo.data.loader import load_tasks
 from toolgrpo.eval.evaluate import evaluate, val_sampling_params
+from toolgrpo.eval.multi_turn import plays_episodes, run_episode_eval
 from toolgrpo.models.loading import load_policy
 from toolgrpo.rewards.scoring import check_task
 from toolgrpo.rewards.types import RllaFlags
@@ -54,6 +55,9 @@ def run_eval(
     tasks = load_tasks(d.val_files, d.bad_rows, -1, check_task).tasks
     if limit > 0:
         tasks = tasks[:limit]
+    out = Path(output) if output else Path(cfg.trainer.output_dir) / "eval.json"
+    if plays_episodes(cfg, tasks):  # environment tasks: played as episodes (eval/multi_turn.py)
+        return run_episode_eval(cfg, policy, tasks, label, out, keep_samples, checkpoint)
     params = val_sampling_params(cfg)
     gen = HFGenerator(policy.model, policy.tokenizer, policy.dtype, d.val_batch_size)
     flags = RllaFlags(**vars(cfg.reward.rlla))
@@ -69,7 +73,6 @@ def run_eval(
         d.val_batch_size,
     )
     record = {"model": label, "val_files": d.val_files, **res.to_dict()}
-    out = Path(output) if output else Path(cfg.trainer.output_dir) / "eval.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=1))
     table = Table(title=f"toolgrpo eval: {label} on {', '.join(d.val_files)}")

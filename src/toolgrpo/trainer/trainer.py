@@ -27,6 +27,7 @@ from toolgrpo.config.schema import TrainConfig
 from toolgrpo.config.validate import validate_train_config
 from toolgrpo.data.loader import load_tasks
 from toolgrpo.data.task import Task
+from toolgrpo.eval.episodes import summarize_episodes, summary_metrics
 from toolgrpo.eval.evaluate import evaluate, val_sampling_params
 from toolgrpo.mixture import Mixture
 from toolgrpo.models.loading import load_policy
@@ -290,7 +291,10 @@ class Trainer(RolloutStage):
             eps = self.episodes.play(
                 self._val_tasks, val_sampling_params(self.cfg), step, self.step, rollback=False
             )
-            return {f"val/{k}": v for k, v in episode_metrics(eps).items()}
+            metrics = {f"val/{k}": v for k, v in episode_metrics(eps).items()}
+            # Per task type, exactly as ``toolgrpo eval`` reports them (eval/episodes.py).
+            metrics.update(summary_metrics(summarize_episodes(eps), "val"))
+            return metrics
         res = evaluate(
             self.generator,
             self.tokenizer,

@@ -1,0 +1,144 @@
+"""``toolgrpo eval`` for tasks played in environments: episodes with the trainer's own runner and
+environments (greedy by default), scored by ``eval.episodes`` exactly as validation scores them.
+
+The command's episode branch, so it sits beside the CLI: it reuses ``trainer.episodes`` on purpose
+(the same runner as ``Trainer.validate``); nothing below the CLI imports this module."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from toolgrpo.config.loader import ConfigError
+from toolgrpo.config.schema import TrainConfig
+from toolgrpo.data.task import Task
+from toolgrpo.eval.episodes import (
+    ALL,
+    sample_transcripts,
+    summarize_episodes,
+    summary_metrics,
+)
+from toolgrpo.eval.evaluate import val_sampling_params
+from toolgrpo.rewards.types import RllaFlags
+from toolgrpo.rollout.backends import backend_name, make_generator
+from toolgrpo.rollout.episode import Episode
+from toolgrpo.router.infer import ROUTER_FILE
+from toolgrpo.trainer.episodes import EpisodeRunner, make_router
+
+
+def plays_episodes(cfg: TrainConfig, tasks: Sequence[Task]) -> bool:
+    """Episodes whenever validation would play them: multi-turn on, or any environment task."""
+    return cfg.actor_rollout_ref.rollout.multi_turn.enable or any(
+        t.task_type != "rlla" for t in tasks
+    )
+
+
+def play_validation(
+    runner: EpisodeRunner, cfg: TrainConfig, tasks: Sequence[Task], step: int, version: int
+) -> list[Episode]:
+    """Validation episodes: ``val_kwargs`` sampling, the policy as is (no tool rollback), the
+    same call as ``Trainer.validate``."""
+    return runner.play(tasks, val_sampling_params(cfg), step, version, rollback=False)
+
+
+def refuse_router(cfg: TrainConfig) -> None:
+    if cfg.router.enable:
+        raise ConfigError(
+            "toolgrpo eval does not play router routes yet: set router.enable=false to score the "
+            "LM on the environments' own prompts (what in-training validation measures)"
+        )
+
+
+def evaluate_episodes(
+    cfg: TrainConfig, policy: Any, tasks: Sequence[Task], keep_samples: int
+) -> dict[str, Any]:
+    """Play every task (``val_kwargs.n`` episodes each) and summarise per task type."""
+    refuse_router(cfg)
+    flags = RllaFlags(**asdict(cfg.reward.rlla))
+    router = make_router(cfg, flags)
+    router.check({t.task_type for t in tasks})
+    generator = make_generator(cfg, policy)
+    t0 = time.time()
+    try:
+        runner = EpisodeRunner(cfg, generator, policy.tokenizer, router)
+        episodes = play_validation(runner, cfg, tasks, 0, 0)
+    finally:
+        close = getattr(generator, "close", None)
+        if close is not None:
+            close()
+    summary = summarize_episodes(episodes)
+    return {
+        "mode": "episodes",
+        "backend": backend_name(cfg),
+        "sampling": asdict(val_sampling_params(cfg)),
+        "num_tasks": len(tasks),
+        "num_episodes": len(episodes),
+        "seconds": time.time() - t0,
+        "summary": summary,
+        "metrics": summary_metrics(summary, "val"),
+        "samples": sample_transcripts(episodes, tasks, keep_samples),
+    }
+
+
+def episode_table(title: str, summary: dict[str, dict[str, Any]]) -> Table:
+    table = Table(title=title)
+    cols = ("task type", "episodes", "accuracy ± SE", "reward", "tool-call rate", "calls/ep")
+    cols += ("tool-error rate", "top errors", "turns", "tokens", "stop reasons")
+    for col in cols:
+        table.add_column(col)
+    for t, s in summary.items():
+        errors = sorted(s["tool_errors"].items(), key=lambda kv: -kv[1]["count"])[:2]
+        stops = sorted(s["stop_reasons"].items(), key=lambda kv: -kv[1])
+        acc = f"{s['accuracy']:.1%} ± {s['accuracy_se']:.1%}"
+        if t == ALL and len(summary) > 2:
+            acc += f" (type mean {s['type_mean_accuracy']:.1%})"
+        table.add_row(
+            t,
+            str(s["episodes"]),
+            acc,
+            f"{s['reward_mean']:.3f}",
+            f"{s['tool_call_rate']:.1%}",
+            f"{s['calls_per_episode']:.2f}",
+            f"{s['tool_error_rate']:.1%}",
+            ", ".join(f"{k} {d['count']}" for k, d in errors) or "-",
+            f"{s['turns_mean']:.2f}",
+            f"{s['sampled_tokens_mean']:.0f}",
+            ", ".join(f"{k} {v:.0%}" for k, v in stops),
+        )
+    return table
+
+
+def print_episode_table(label: str, val_files: Sequence[str], record: dict[str, Any]) -> None:
+    title = f"toolgrpo eval: {label} on {', '.join(val_files)} ({record['backend']})"
+    Console().print(episode_table(title, record["summary"]))
+
+
+def run_episode_eval(
+    cfg: TrainConfig,
+    policy: Any,
+    tasks: Sequence[Task],
+    label: str,
+    out: Path,
+    keep_samples: int,
+    checkpoint: str | None = None,
+) -> int:
+    """``toolgrpo eval``'s episode branch: play, write the JSON, print the table."""
+    if checkpoint and (Path(checkpoint) / ROUTER_FILE).is_file():
+        print(f"note: {checkpoint} has a router head; eval scores the LM without routes")
+    record = {
+        "model": label,
+        "val_files": list(cfg.data.val_files),
+        **evaluate_episodes(cfg, policy, tasks, keep_samples),
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(record, indent=1))
+    print_episode_table(label, cfg.data.val_files, record)
+    print(f"wrote {out}")
+    return 0
