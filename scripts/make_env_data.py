@@ -139,6 +139,12 @@ def equation(r: random.Random) -> tuple[str, str, str]:
 
 
 def calculator_rows(seed: int) -> list[dict[str, Any]]:
+    return [rw for rw, _ in calculator_items(seed)]
+
+
+def calculator_items(seed: int) -> list[tuple[dict[str, Any], str]]:
+    """(row, gold work): the expression for ``calculate`` or the equation for ``solve`` that the
+    row's answer came from (``make_agent_sft.py`` replays it as the gold tool call)."""
     r = random.Random(f"calculator-{seed}")
     kinds: list[tuple[str, Callable[[random.Random], tuple[str, str, str]]]] = [
         ("arithmetic", arithmetic),
@@ -157,7 +163,7 @@ def calculator_rows(seed: int) -> list[dict[str, Any]]:
             assert any(numbers_match(v, ans) for v in roots), (q, roots, ans)
         else:
             assert numbers_match(calculate(work), ans), (q, work, ans)
-        rows.append(row("calculator", q, ans, {"kind": name}))
+        rows.append((row("calculator", q, ans, {"kind": name}), work))
     return rows
 
 

@@ -1,0 +1,188 @@
+"""Agent SFT data (issue 16 item 3): gold episodes played in the real environments, only from
+train splits, rendered exactly as the episode loop renders them, trained on assistant turns."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import write_jsonl
+from toolgrpo.data.loader import DataError, embedded_path, load_tasks
+from toolgrpo.envs.registry import EnvRouter
+from toolgrpo.models.loading import load_tokenizer
+from toolgrpo.rollout.hf import stop_token_ids
+from toolgrpo.rollout.render import encode, render_text, with_tools
+from toolgrpo.sft.agent import GoldCall, GoldError, play_gold
+from toolgrpo.sft.config import SFTConfig
+from toolgrpo.sft.data import build_examples, tokenize_conversation
+from toolgrpo.sft.trainer import SFTTrainer
+from toolgrpo.tools.parser import parse_tool_calls
+
+ROOT = Path(__file__).resolve().parents[2]
+ROWS = [json.loads(x) for x in embedded_path("agent_sft.jsonl", "envs").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def tok(tiny_model_dir):
+    return load_tokenizer(tiny_model_dir)
+
+
+def _test_rows(env):
+    path = embedded_path(f"{env}_test.jsonl", "envs")
+    return [json.loads(x) for x in path.read_text().splitlines()]
+
+
+def test_no_test_prompt_or_answer_leaks():
+    """Every row comes from a train task: its question is a train question, its final answer
+    that task's gold answer, and no test question appears anywhere in the data."""
+    train = {}
+    for env in ("calculator", "search", "direct"):
+        for t in load_tasks([f"{env}:train"]).tasks:
+            train[t.task_id] = t
+    text = embedded_path("agent_sft.jsonl", "envs").read_text()
+    for env in ("calculator", "search", "direct"):
+        for r in _test_rows(env):
+            assert json.dumps(r["prompt"][0]["content"], ensure_ascii=False)[1:-1] not in text
+    for row in ROWS:
+        task = train[row["meta"]["task_id"]]
+        users = [m["content"] for m in row["messages"] if m["role"] == "user"]
+        assert users == [task.messages[-1]["content"]]
+        final = row["messages"][-1]
+        assert final["role"] == "assistant" and final["content"].startswith("<answer>")
+
+
+def test_rows_cover_every_train_task_plain_and_routed():
+    seen = {(r["meta"]["task_id"], r["meta"]["route"]) for r in ROWS}
+    assert len(ROWS) == len(seen) == 2400
+    routes = {r["meta"]["task_type"]: set() for r in ROWS}
+    for r in ROWS:
+        routes[r["meta"]["task_type"]].add(r["meta"]["route"])
+    assert routes == {
+        "calculator": {"", "CALCULATE"},
+        "search": {"", "SEARCH"},
+        "direct": {"", "ANSWER"},
+    }
+    for r in ROWS:
+        calls = [
+            c
+            for m in r["messages"]
+            if m["role"] == "assistant"
+            for c in parse_tool_calls(m["content"])
+        ]
+        if r["meta"]["task_type"] == "direct":
+            assert not calls and not r["tools"]  # ANSWER: no tool, none offered
+        else:
+            assert calls and all(not c.parse_error for c in calls)
+            assert {c.name for c in calls} <= {t["function"]["name"] for t in r["tools"]}
+        if r["meta"]["route"]:
+            assert r["meta"]["route"].lower()[:4] in r["messages"][0]["content"].lower() or (
+                "No tools are available" in r["messages"][0]["content"]
+            )
+
+
+def test_gold_episodes_replay_to_full_reward_in_the_real_envs():
+    """A row replayed in a fresh environment gets the same tool results and full marks."""
+    by_id = {}
+    for env in ("calculator", "search", "direct"):
+        by_id.update({t.task_id: t for t in load_tasks([f"{env}:train"]).tasks})
+    for row in ROWS[::97]:
+        task = by_id[row["meta"]["task_id"]]
+        turns = [
+            [GoldCall(c.name, c.arguments) for c in parse_tool_calls(m["content"])]
+            for m in row["messages"][:-1]
+            if m["role"] == "assistant"
+        ]
+        answer = row["messages"][-1]["content"][len("<answer>") : -len("</answer>")]
+        from toolgrpo.router.infer import conditioner
+
+        cond = conditioner(row["meta"]["route"]) if row["meta"]["route"] else None
+        ep = asyncio.run(play_gold(EnvRouter().make(task), turns, answer, cond))
+        assert ep.messages == row["messages"] and ep.tools == row["tools"] and ep.reward == 1.0
+
+
+def test_play_gold_refuses_a_wrong_answer_and_a_failing_call():
+    task = load_tasks(["calculator:train"]).tasks[0]
+    call = [[GoldCall("calculate", {"expression": "2 * (644 + 413) * 45"})]]
+    with pytest.raises(GoldError, match="reward"):
+        asyncio.run(play_gold(EnvRouter().make(task), call, "1"))
+    with pytest.raises(GoldError, match="turn 0"):
+        bad = [[GoldCall("calculate", {"expression": "1 / 0"})]]
+        asyncio.run(play_gold(EnvRouter().make(task), bad, task.ground_truth))
+
+
+def test_rows_tokenize_as_the_episode_loop_renders_them(tok):
+    """Pins: SFT message rows ignored ``tools`` and could not carry an episode's tool specs.
+    The ids are the loop's prompt then its turns; the mask covers the assistant turns (tool
+    calls and final answer) and never a tool result."""
+    end_ids = set(stop_token_ids(tok))
+    for row in (ROWS[0], ROWS[800 + 150], ROWS[-1]):  # calculator, search, direct
+        ids, mask = tokenize_conversation(tok, row["messages"], end_ids, row["tools"])
+        msgs, spec = with_tools(tok, row["messages"][:2], row["tools"])
+        prompt = encode(tok, render_text(tok, msgs, spec, True))
+        assert ids[: len(prompt)] == prompt and not any(mask[: len(prompt)])
+        full_msgs, _ = with_tools(tok, row["messages"], row["tools"])
+        assert ids == encode(tok, render_text(tok, full_msgs, spec, False))
+        trained = tok.decode([i for i, m in zip(ids, mask, strict=True) if m])
+        want = "".join(
+            m["content"] + "<|im_end|>" for m in row["messages"] if m["role"] == "assistant"
+        )
+        assert trained == want  # the tool turns (and every template marker) stay masked
+
+
+def test_agent_sft_loads_by_embedded_name(tok):
+    end_ids = set(stop_token_ids(tok))
+    ex, dropped = build_examples(tok, ["agent:sft"], "ground_truth", 4096, end_ids, 5)
+    assert len(ex) == 5 and dropped == 0 and ex[0].source == "agent:sft#0"
+
+
+def test_sft_refuses_an_env_test_question(tok, tmp_path):
+    q = _test_rows("search")[0]["prompt"][0]["content"]
+    row = {"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": "x"}]}
+    path = write_jsonl(tmp_path / "leak.jsonl", [row])
+    with pytest.raises(DataError, match="held-out calculator/search/direct"):
+        build_examples(tok, [str(path)], "ground_truth", 4096, set(stop_token_ids(tok)))
+
+
+def test_generator_reproduces_the_shipped_agent_data(tmp_path):
+    """The seeded script rebuilds the shipped rows byte for byte (the first 40 tasks of each
+    type here, to keep the test short; the full run is the same loop)."""
+    out = tmp_path / "agent_sft.jsonl"
+    script = str(ROOT / "scripts" / "make_agent_sft.py")
+    subprocess.run(
+        [sys.executable, script, "--out", str(out), "--limit", "40"],
+        check=True,
+        timeout=600,
+        capture_output=True,
+    )
+    lines = embedded_path("agent_sft.jsonl", "envs").read_text(encoding="utf-8").splitlines()
+    want = [
+        x for x, r in zip(lines, ROWS, strict=True) if int(r["meta"]["task_id"].split("#")[1]) < 40
+    ]
+    assert out.read_text(encoding="utf-8").splitlines() == want and len(want) == 240
+
+
+def test_one_sft_step_on_agent_rows(tiny_model_dir, tmp_path):
+    """The shipped agent config's data path trains (1 step, tiny model)."""
+    from toolgrpo.config.loader import load_config
+
+    cfg = load_config(
+        SFTConfig,
+        str(ROOT / "configs" / "sft_smollm2_agent.yaml"),
+        [
+            f"model.path={tiny_model_dir}",
+            "model.dtype=float32",
+            "data.max_samples=4",
+            "data.train_batch_size=2",
+            "data.micro_batch_size_per_gpu=2",
+            "trainer.total_training_steps=1",
+            "trainer.logger=[jsonl]",
+            f"trainer.output_dir={tmp_path / 'sft'}",
+        ],
+    )
+    result = SFTTrainer(cfg).fit()
+    assert result["steps"] == 1 and result["examples"] == 4
