@@ -186,3 +186,75 @@ def test_one_sft_step_on_agent_rows(tiny_model_dir, tmp_path):
     )
     result = SFTTrainer(cfg).fit()
     assert result["steps"] == 1 and result["examples"] == 4
+
+
+class ScriptedGenerator:
+    """Plays the assistant turns of agent SFT rows: the turn after as many assistant turns as the
+    prompt already holds, for the row whose question the prompt asks."""
+
+    def __init__(self, tok, rows):
+        self.tok, self.eos_ids = tok, list(stop_token_ids(tok))
+        self.turns = {
+            next(m["content"] for m in r["messages"] if m["role"] == "user"): [
+                m["content"] for m in r["messages"] if m["role"] == "assistant"
+            ]
+            for r in rows
+        }
+
+    def generate(self, prompts, params):
+        from toolgrpo.rollout.generator import Completion
+
+        out = []
+        for i, ids in enumerate(prompts):
+            text = self.tok.decode(ids, skip_special_tokens=False)
+            turns = next(t for q, t in self.turns.items() if q in text)
+            done = text.count("<|im_start|>assistant") - 1
+            new = encode(self.tok, turns[done] + "<|im_end|>")
+            out.extend(Completion(i, ids, new, [0.0] * len(new), "stop") for _ in range(params.n))
+        return out
+
+
+def test_gold_rows_replayed_by_the_episode_loop_match_sft_tokens_and_score_full(
+    tok, tiny_model_dir, tmp_path
+):
+    """The SFT rows are the episodes the loop itself produces: replaying their assistant turns
+    through the trainer's runner gives the SFT token ids and loss mask exactly, and the eval
+    summary scores them accurate, with the tool calls counted and no tool error."""
+    from tests.conftest import train_overrides
+    from toolgrpo.config.loader import load_config
+    from toolgrpo.config.schema import TrainConfig
+    from toolgrpo.eval.episodes import summarize_episodes
+    from toolgrpo.eval.multi_turn import play_validation
+    from toolgrpo.rewards.types import RllaFlags
+    from toolgrpo.trainer.episodes import EpisodeRunner, make_router
+
+    plain = [r for r in ROWS if not r["meta"]["route"]]
+    two_hop = [r for r in plain if r["meta"]["tool_turns"] == 2][:2]
+    rows = [*plain[:3], *[r for r in plain if r["meta"]["task_type"] == "search"][:3], *two_hop]
+    rows += [r for r in plain if r["meta"]["task_type"] == "direct"][:3]
+    by_id = {}
+    for env in ("calculator", "search", "direct"):
+        by_id.update({t.task_id: t for t in load_tasks([f"{env}:train"]).tasks})
+    tasks = [by_id[r["meta"]["task_id"]] for r in rows]
+    extra = {
+        "data.max_response_length": 2048,
+        "actor_rollout_ref.rollout.multi_turn.enable": "true",
+        "actor_rollout_ref.rollout.multi_turn.max_tokens_per_turn": 512,
+        "actor_rollout_ref.rollout.multi_turn.max_tool_response_length": 0,
+    }
+    cfg = load_config(TrainConfig, None, train_overrides(tiny_model_dir, "x", tmp_path, 1, **extra))
+    runner = EpisodeRunner(cfg, ScriptedGenerator(tok, rows), tok, make_router(cfg, RllaFlags()))
+    eps = play_validation(runner, cfg, tasks, 0, 0)
+    end_ids = set(stop_token_ids(tok))
+    for ep, row in zip(eps, rows, strict=True):
+        ids, mask = tokenize_conversation(tok, row["messages"], end_ids, row["tools"])
+        n = len(ep.prompt_ids) + len(ep.response_ids)
+        assert ep.prompt_ids + ep.response_ids == ids[:n], row["meta"]
+        assert ep.response_mask == mask[len(ep.prompt_ids) : n] and ep.prefix_mismatches == 0
+        assert len(ids) - n <= 1 and not any(mask[n:])  # the template's newline after the end
+        assert ep.reward == 1.0 and ep.stop_reason == "answer"
+    s = summarize_episodes(eps)
+    assert s["all"]["accuracy"] == 1.0 and s["all"]["tool_error_rate"] == 0.0
+    assert s["calculator"]["tool_call_rate"] == 1.0 and s["calculator"]["calls_per_episode"] == 1
+    assert s["search"]["calls_per_episode"] == 7 / 5  # three 1-hop, two 2-hop episodes
+    assert s["direct"]["tool_call_rate"] == 0.0 and s["direct"]["turns_mean"] == 1

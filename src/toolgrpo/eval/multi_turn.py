@@ -88,36 +88,50 @@ def evaluate_episodes(
 
 
 def episode_table(title: str, summary: dict[str, dict[str, Any]]) -> Table:
+    """One row per task type (and ``all``)."""
     table = Table(title=title)
-    cols = ("task type", "episodes", "accuracy ± SE", "reward", "tool-call rate", "calls/ep")
-    cols += ("tool-error rate", "top errors", "turns", "tokens", "stop reasons")
-    for col in cols:
+    cols = ("type", "n", "accuracy ± SE", "reward", "call rate", "calls/ep", "error rate")
+    for col in (*cols, "turns", "tokens"):
         table.add_column(col)
     for t, s in summary.items():
-        errors = sorted(s["tool_errors"].items(), key=lambda kv: -kv[1]["count"])[:2]
-        stops = sorted(s["stop_reasons"].items(), key=lambda kv: -kv[1])
-        acc = f"{s['accuracy']:.1%} ± {s['accuracy_se']:.1%}"
-        if t == ALL and len(summary) > 2:
-            acc += f" (type mean {s['type_mean_accuracy']:.1%})"
         table.add_row(
             t,
             str(s["episodes"]),
-            acc,
+            f"{s['accuracy']:.1%} ± {s['accuracy_se']:.1%}",
             f"{s['reward_mean']:.3f}",
-            f"{s['tool_call_rate']:.1%}",
+            f"{s['tool_call_rate']:.0%}",
             f"{s['calls_per_episode']:.2f}",
-            f"{s['tool_error_rate']:.1%}",
-            ", ".join(f"{k} {d['count']}" for k, d in errors) or "-",
-            f"{s['turns_mean']:.2f}",
+            f"{s['tool_error_rate']:.0%}",
+            f"{s['turns_mean']:.1f}",
             f"{s['sampled_tokens_mean']:.0f}",
-            ", ".join(f"{k} {v:.0%}" for k, v in stops),
         )
     return table
 
 
+def detail_lines(summary: dict[str, dict[str, Any]]) -> list[str]:
+    """Per task type: tool errors by type and stop reasons (too wide for the table)."""
+    lines = []
+    for t, s in summary.items():
+        errors = ", ".join(f"{k} {d['count']}" for k, d in s["tool_errors"].items()) or "none"
+        stops = ", ".join(f"{k} {v:.0%}" for k, v in sorted(s["stop_reasons"].items()))
+        lines.append(f"{t}: tool errors {errors}; stops {stops}")
+    if ALL in summary and len(summary) > 2:
+        a = summary[ALL]
+        lines.append(
+            f"mean accuracy over task types: {a['type_mean_accuracy']:.1%} "
+            f"± {a['type_mean_accuracy_se']:.1%}"
+        )
+    return lines
+
+
 def print_episode_table(label: str, val_files: Sequence[str], record: dict[str, Any]) -> None:
     title = f"toolgrpo eval: {label} on {', '.join(val_files)} ({record['backend']})"
-    Console().print(episode_table(title, record["summary"]))
+    console = Console()
+    if not console.is_terminal:  # logs: wide enough for the table instead of rich's 80 columns
+        console = Console(width=110)
+    console.print(episode_table(title, record["summary"]))
+    for line in detail_lines(record["summary"]):
+        console.print(line, highlight=False)
 
 
 def run_episode_eval(
