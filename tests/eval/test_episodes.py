@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 
 import pytest
 
 from tests.conftest import train_overrides, write_jsonl
 from toolgrpo.cli import main
-from toolgrpo.config.loader import load_config
+from toolgrpo.config.loader import ConfigError, load_config
 from toolgrpo.config.schema import TrainConfig
-from toolgrpo.data.loader import embedded_path
+from toolgrpo.data.loader import embedded_path, load_tasks
+from toolgrpo.envs.registry import EnvConfigError
+from toolgrpo.eval import multi_turn
 from toolgrpo.eval.episodes import binomial_se, summarize_episodes, summary_metrics
 from toolgrpo.rollout.episode import Episode
 from toolgrpo.trainer.trainer import Trainer
@@ -110,8 +113,22 @@ def test_eval_plays_env_tasks_and_agrees_with_validation(tiny_model_dir, env_val
     assert res["metrics"] and {k: val[k] for k in res["metrics"]} == res["metrics"]
 
 
-def test_eval_refuses_router(tiny_model_dir, env_val_file, tmp_path, capsys):
+def test_eval_refuses_router(tiny_model_dir, env_val_file, tmp_path, capsys, monkeypatch):
+    """Router heads are not played by eval yet: a clear refusal, before any model is loaded."""
     ov = _overrides(tiny_model_dir, env_val_file, tmp_path / "run")
     rc = main(["eval", "--output", str(tmp_path / "e.json"), *ov, "router.enable=true"])
     assert rc != 0
     assert "does not play router routes" in capsys.readouterr().err
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was loaded before the input was checked")
+
+    monkeypatch.setattr(multi_turn, "load_policy", no_model)
+    cfg = load_config(TrainConfig, None, [*ov, "router.enable=true"])
+    tasks = load_tasks([str(env_val_file)]).tasks
+    with pytest.raises(ConfigError, match="router.enable=false"):
+        multi_turn.run_episode_eval(cfg, tasks, "m", tmp_path / "e.json", 0)
+    cfg = load_config(TrainConfig, None, ov)
+    odd = [replace(tasks[0], task_type="no_such_env")]
+    with pytest.raises(EnvConfigError, match="no_such_env"):
+        multi_turn.run_episode_eval(cfg, odd, "m", tmp_path / "e.json", 0)

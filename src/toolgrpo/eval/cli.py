@@ -57,7 +57,7 @@ def run_eval(
         tasks = tasks[:limit]
     out = Path(output) if output else Path(cfg.trainer.output_dir) / "eval.json"
     if plays_episodes(cfg, tasks):  # environment tasks: played as episodes (eval/multi_turn.py)
-        return run_episode_eval(cfg, policy, tasks, label, out, keep_samples, checkpoint)
+        return run_episode_eval(cfg, tasks, label, out, keep_samples, checkpoint, policy)
     params = val_sampling_params(cfg)
     gen = HFGenerator(policy.model, policy.tokenizer, policy.dtype, d.val_batch_size)
     flags = RllaFlags(**vars(cfg.reward.rlla))

@@ -19,6 +19,7 @@ from rich.table import Table
 from toolgrpo.config.loader import ConfigError
 from toolgrpo.config.schema import TrainConfig
 from toolgrpo.data.task import Task
+from toolgrpo.envs.registry import EnvRouter
 from toolgrpo.eval.episodes import (
     ALL,
     sample_transcripts,
@@ -26,6 +27,7 @@ from toolgrpo.eval.episodes import (
     summary_metrics,
 )
 from toolgrpo.eval.evaluate import val_sampling_params
+from toolgrpo.models.loading import load_policy
 from toolgrpo.rewards.types import RllaFlags
 from toolgrpo.rollout.backends import backend_name, make_generator
 from toolgrpo.rollout.episode import Episode
@@ -56,14 +58,19 @@ def refuse_router(cfg: TrainConfig) -> None:
         )
 
 
+def check_episode_eval(cfg: TrainConfig, tasks: Sequence[Task]) -> EnvRouter:
+    """Before any model is loaded: no router to play, an environment for every task type."""
+    refuse_router(cfg)
+    router = make_router(cfg, RllaFlags(**asdict(cfg.reward.rlla)))
+    router.check({t.task_type for t in tasks})
+    return router
+
+
 def evaluate_episodes(
     cfg: TrainConfig, policy: Any, tasks: Sequence[Task], keep_samples: int
 ) -> dict[str, Any]:
     """Play every task (``val_kwargs.n`` episodes each) and summarise per task type."""
-    refuse_router(cfg)
-    flags = RllaFlags(**asdict(cfg.reward.rlla))
-    router = make_router(cfg, flags)
-    router.check({t.task_type for t in tasks})
+    router = check_episode_eval(cfg, tasks)
     generator = make_generator(cfg, policy)
     t0 = time.time()
     try:
@@ -136,14 +143,18 @@ def print_episode_table(label: str, val_files: Sequence[str], record: dict[str, 
 
 def run_episode_eval(
     cfg: TrainConfig,
-    policy: Any,
     tasks: Sequence[Task],
     label: str,
     out: Path,
     keep_samples: int,
     checkpoint: str | None = None,
+    policy: Any = None,
 ) -> int:
-    """``toolgrpo eval``'s episode branch: play, write the JSON, print the table."""
+    """``toolgrpo eval``'s episode branch: check, load the policy (unless given), play, write
+    the JSON, print the table."""
+    check_episode_eval(cfg, tasks)
+    if policy is None:
+        policy = load_policy(cfg.actor_rollout_ref.model, trainable=False)
     if checkpoint and (Path(checkpoint) / ROUTER_FILE).is_file():
         print(f"note: {checkpoint} has a router head; eval scores the LM without routes")
     record = {
