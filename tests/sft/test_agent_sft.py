@@ -258,3 +258,22 @@ def test_gold_rows_replayed_by_the_episode_loop_match_sft_tokens_and_score_full(
     assert s["calculator"]["tool_call_rate"] == 1.0 and s["calculator"]["calls_per_episode"] == 1
     assert s["search"]["calls_per_episode"] == 7 / 5  # three 1-hop, two 2-hop episodes
     assert s["direct"]["tool_call_rate"] == 0.0 and s["direct"]["turns_mean"] == 1
+
+
+def test_routed_rows_open_as_the_trainers_route_condition_opens_them():
+    """The route prompts the LM learns from are the ones the router conditions episodes with
+    during training (families over the mixed train set, ``RouteCondition``)."""
+    from toolgrpo.router.catalog import build_families
+    from toolgrpo.router.runtime import RouteCondition
+
+    envs = EnvRouter()
+    tasks = {}
+    for env in ("calculator", "search", "direct"):
+        tasks.update({t.task_id: t for t in load_tasks([f"{env}:train"]).tasks})
+    families = build_families(list(tasks.values()), envs)
+    routed = [r for r in ROWS if r["meta"]["route"]]
+    for row in routed[::150]:
+        start = asyncio.run(envs.make(tasks[row["meta"]["task_id"]]).reset())
+        start = RouteCondition(row["meta"]["route"], families)(start)
+        opening = row["messages"][: len(start.messages)]
+        assert (opening, row["tools"]) == (start.messages, start.tools), row["meta"]
