@@ -277,3 +277,28 @@ def test_routed_rows_open_as_the_trainers_route_condition_opens_them():
         start = RouteCondition(row["meta"]["route"], families)(start)
         opening = row["messages"][: len(start.messages)]
         assert (opening, row["tools"]) == (start.messages, start.tools), row["meta"]
+
+
+def test_provenance_records_the_episode_eval(tmp_path):
+    """The agent warm start's PROVENANCE.json carries its per-type env eval and its command."""
+    from toolgrpo.eval.episodes import summarize_episodes
+    from toolgrpo.rollout.episode import Episode
+
+    ep = Episode("calculator#0", "calculator", "u", [1], reward=1.0, tool_calls=1)
+    (tmp_path / "eval_env_test.json").write_text(json.dumps({"summary": summarize_episodes([ep])}))
+    sft = {"base_model": "b", "examples": 3, "dropped_too_long": 0, "data_hash": "h"}
+    sft.update({"steps": 1, "final_loss": 0.5})
+    (tmp_path / "sft_result.json").write_text(json.dumps(sft))
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"train/loss": 0.9}) + "\n")
+    (tmp_path / "config.yaml").write_text("data: {}\n")
+    script = str(ROOT / "scripts" / "provenance.py")
+    got = subprocess.run(
+        [sys.executable, script, str(tmp_path), "--command", "c", "--data", "agent:sft"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    rec = json.loads(got.stdout)
+    assert rec["command"] == "c" and rec["data"] == "agent:sft"
+    assert rec["eval_env_test"]["calculator"]["accuracy"] == 1.0
+    assert rec["eval_env_test"]["calculator"]["tool_call_rate"] == 1.0
