@@ -113,17 +113,15 @@ def test_eval_plays_env_tasks_and_agrees_with_validation(tiny_model_dir, env_val
     assert res["metrics"] and {k: val[k] for k in res["metrics"]} == res["metrics"]
 
 
-def test_eval_refuses_router(tiny_model_dir, env_val_file, tmp_path, capsys, monkeypatch):
-    """Router heads are not played by eval yet: a clear refusal, before any model is loaded."""
-    ov = _overrides(tiny_model_dir, env_val_file, tmp_path / "run")
-    rc = main(["eval", "--output", str(tmp_path / "e.json"), *ov, "router.enable=true"])
-    assert rc != 0
-    assert "does not play router routes" in capsys.readouterr().err
+def test_eval_checks_before_loading_the_model(tiny_model_dir, env_val_file, tmp_path, monkeypatch):
+    """A head asked for but missing, or a task type without an environment: refused before any
+    model is loaded."""
 
     def no_model(*args, **kwargs):
         raise AssertionError("the model was loaded before the input was checked")
 
     monkeypatch.setattr(multi_turn, "load_policy", no_model)
+    ov = _overrides(tiny_model_dir, env_val_file, tmp_path / "run")
     cfg = load_config(TrainConfig, None, [*ov, "router.enable=true"])
     tasks = load_tasks([str(env_val_file)]).tasks
     with pytest.raises(ConfigError, match="router.enable=false"):
@@ -132,3 +130,40 @@ def test_eval_refuses_router(tiny_model_dir, env_val_file, tmp_path, capsys, mon
     odd = [replace(tasks[0], task_type="no_such_env")]
     with pytest.raises(EnvConfigError, match="no_such_env"):
         multi_turn.run_episode_eval(cfg, odd, "m", tmp_path / "e.json", 0)
+
+
+def test_routed_eval_of_a_router_checkpoint_agrees_with_validation(
+    tiny_model_dir, env_val_file, tmp_path
+):
+    """A checkpoint with a router head: eval plays each task under the head's argmax route, as
+    validation now does, and both report the same numbers (route shares included)."""
+    ov = _overrides(tiny_model_dir, env_val_file, tmp_path / "run")
+    ov += ["router.enable=true", "router.freeze_lm=true", "data.max_samples=-1"]
+    trainer = Trainer(load_config(TrainConfig, None, ov))
+    try:
+        trainer.fit()
+        val = trainer.validate(1)
+    finally:
+        trainer.close()
+    ckpt = tmp_path / "run" / "checkpoints" / "global_step_1"
+    assert (ckpt / "router.pt").is_file()
+    out = tmp_path / "eval.json"
+    assert main(["eval", "--output", str(out), "--checkpoint", str(ckpt), *ov]) == 0
+    res = json.loads(out.read_text())
+    assert res["routed"] and set(res["summary"]["all"]["routes"]) <= {
+        "ANSWER",
+        "SEARCH",
+        "CALCULATE",
+    }
+    assert sum(res["summary"]["all"]["routes"].values()) == pytest.approx(1.0)
+    assert any("/route/" in k for k in res["metrics"])
+    assert {k: val[k] for k in res["metrics"]} == res["metrics"]
+    answer = [s for s in res["samples"] if s["route"] == "ANSWER"]
+    for s in answer:  # an ANSWER-routed episode opens without tools
+        assert "<tools>" not in s["messages"][0]["content"]
+
+
+def test_router_enable_without_a_head_is_refused(tiny_model_dir, env_val_file, tmp_path, capsys):
+    ov = _overrides(tiny_model_dir, env_val_file, tmp_path / "run")
+    rc = main(["eval", "--output", str(tmp_path / "e.json"), *ov, "router.enable=true"])
+    assert rc != 0 and "has no router.pt" in capsys.readouterr().err

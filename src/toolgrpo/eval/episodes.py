@@ -81,18 +81,35 @@ def _summary(eps: Sequence[Episode], thresholds: Mapping[str, float] | None) -> 
     }
 
 
+def _route_shares(routes: Sequence[str]) -> dict[str, float]:
+    return {r: routes.count(r) / len(routes) for r in sorted(set(routes))}
+
+
 def summarize_episodes(
-    episodes: Sequence[Episode], thresholds: Mapping[str, float] | None = None
+    episodes: Sequence[Episode],
+    thresholds: Mapping[str, float] | None = None,
+    routes: Sequence[str] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """``{task_type: summary, ..., "all": summary}``; ``"all"`` also carries the mean accuracy
-    over task types (each type weighted equally, as the issue's mixed-task goal counts it)."""
+    over task types (each type weighted equally, as the issue's mixed-task goal counts it).
+    ``routes`` (one per episode, when a router chose them) adds each route's share."""
     if not episodes:
         return {}
+    if routes is not None and len(routes) != len(episodes):
+        raise ValueError(f"{len(routes)} routes for {len(episodes)} episodes")
     by_type: dict[str, list[Episode]] = defaultdict(list)
-    for e in episodes:
+    routes_of: dict[str, list[str]] = defaultdict(list)
+    for i, e in enumerate(episodes):
         by_type[e.task_type].append(e)
+        if routes is not None:
+            routes_of[e.task_type].append(routes[i])
     out = {t: _summary(eps, thresholds) for t, eps in sorted(by_type.items())}
+    if routes is not None:
+        for t in out:
+            out[t]["routes"] = _route_shares(routes_of[t])
     overall = _summary(episodes, thresholds)
+    if routes is not None:
+        overall["routes"] = _route_shares(list(routes))
     accs = [s["accuracy"] for s in out.values()]
     overall["type_mean_accuracy"] = fmean(accs)
     # SE of a mean of independent proportions: sqrt(sum(se_i^2)) / k.
@@ -114,17 +131,22 @@ def summary_metrics(summary: Mapping[str, Mapping[str, Any]], prefix: str = "val
             m[f"{prefix}/{t}/tool_errors/{k}/rate"] = float(d["rate"])
         for k, v in s["stop_reasons"].items():
             m[f"{prefix}/{t}/stop/{k}"] = float(v)
+        for k, v in s.get("routes", {}).items():
+            m[f"{prefix}/{t}/route/{k}"] = float(v)
     return m
 
 
 def sample_transcripts(
-    episodes: Sequence[Episode], tasks: Sequence[Task], per_type: int
+    episodes: Sequence[Episode],
+    tasks: Sequence[Task],
+    per_type: int,
+    routes: Sequence[str] | None = None,
 ) -> list[dict[str, Any]]:
     """The first ``per_type`` episodes of each task type, as readable transcripts."""
     truth = {t.task_id: t.ground_truth for t in tasks}
     kept: dict[str, int] = defaultdict(int)
     out = []
-    for e in episodes:
+    for i, e in enumerate(episodes):
         if kept[e.task_type] >= per_type:
             continue
         kept[e.task_type] += 1
@@ -133,6 +155,7 @@ def sample_transcripts(
                 "task_id": e.task_id,
                 "task_type": e.task_type,
                 "ground_truth": truth.get(e.task_id, ""),
+                "route": routes[i] if routes is not None else None,
                 "reward": e.reward,
                 "reward_parts": dict(e.reward_parts),
                 "stop_reason": e.stop_reason,

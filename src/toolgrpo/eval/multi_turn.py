@@ -1,5 +1,6 @@
 """``toolgrpo eval`` for tasks played in environments: episodes with the trainer's own runner and
-environments (greedy by default), scored by ``eval.episodes`` exactly as validation scores them.
+environments (greedy by default), routed by a checkpoint's router head when it has one (argmax,
+``eval.routes``), scored by ``eval.episodes`` exactly as validation scores them.
 
 The command's episode branch, so it sits beside the CLI: it reuses ``trainer.episodes`` on purpose
 (the same runner as ``Trainer.validate``); nothing below the CLI imports this module."""
@@ -27,11 +28,15 @@ from toolgrpo.eval.episodes import (
     summary_metrics,
 )
 from toolgrpo.eval.evaluate import val_sampling_params
+from toolgrpo.eval.routes import greedy_routes, route_conditions
 from toolgrpo.models.loading import load_policy
 from toolgrpo.rewards.types import RllaFlags
 from toolgrpo.rollout.backends import backend_name, make_generator
 from toolgrpo.rollout.episode import Episode
-from toolgrpo.router.infer import ROUTER_FILE
+from toolgrpo.rollout.multi_turn import Condition
+from toolgrpo.router.catalog import build_families
+from toolgrpo.router.infer import ROUTER_FILE, load_router
+from toolgrpo.router.runtime import RouteCondition
 from toolgrpo.trainer.episodes import EpisodeRunner, make_router
 
 
@@ -43,54 +48,85 @@ def plays_episodes(cfg: TrainConfig, tasks: Sequence[Task]) -> bool:
 
 
 def play_validation(
-    runner: EpisodeRunner, cfg: TrainConfig, tasks: Sequence[Task], step: int, version: int
+    runner: EpisodeRunner,
+    cfg: TrainConfig,
+    tasks: Sequence[Task],
+    step: int,
+    version: int,
+    conditions: Sequence[Condition] | None = None,
 ) -> list[Episode]:
     """Validation episodes: ``val_kwargs`` sampling, the policy as is (no tool rollback), the
-    same call as ``Trainer.validate``."""
-    return runner.play(tasks, val_sampling_params(cfg), step, version, rollback=False)
+    same call as ``Trainer.validate``; ``conditions`` are the router's greedy routes."""
+    return runner.play(
+        tasks, val_sampling_params(cfg), step, version, rollback=False, conditions=conditions
+    )
 
 
-def refuse_router(cfg: TrainConfig) -> None:
-    if cfg.router.enable:
+def router_head(cfg: TrainConfig, checkpoint: str | None) -> bool:
+    """Whether eval plays routes: the checkpoint has a router head (as ``toolgrpo infer``
+    decides). ``router.enable`` without one is refused: an untrained head routes at random."""
+    has_head = bool(checkpoint) and (Path(str(checkpoint)) / ROUTER_FILE).is_file()
+    if cfg.router.enable and not has_head:
         raise ConfigError(
-            "toolgrpo eval does not play router routes yet: set router.enable=false to score the "
-            "LM on the environments' own prompts (what in-training validation measures)"
+            f"router.enable=true but {checkpoint or 'no --checkpoint'} has no {ROUTER_FILE}: "
+            "evaluate a checkpoint trained with the router, or set router.enable=false to score "
+            "the LM on the environments' own prompts"
         )
+    return has_head
 
 
-def check_episode_eval(cfg: TrainConfig, tasks: Sequence[Task]) -> EnvRouter:
-    """Before any model is loaded: no router to play, an environment for every task type."""
-    refuse_router(cfg)
+def check_episode_eval(
+    cfg: TrainConfig, tasks: Sequence[Task], checkpoint: str | None = None
+) -> EnvRouter:
+    """Before any model is loaded: a router head if one is asked for, an environment for every
+    task type."""
+    router_head(cfg, checkpoint)
     router = make_router(cfg, RllaFlags(**asdict(cfg.reward.rlla)))
     router.check({t.task_type for t in tasks})
     return router
 
 
 def evaluate_episodes(
-    cfg: TrainConfig, policy: Any, tasks: Sequence[Task], keep_samples: int
+    cfg: TrainConfig,
+    policy: Any,
+    tasks: Sequence[Task],
+    keep_samples: int,
+    checkpoint: str | None = None,
 ) -> dict[str, Any]:
-    """Play every task (``val_kwargs.n`` episodes each) and summarise per task type."""
-    router = check_episode_eval(cfg, tasks)
+    """Play every task (``val_kwargs.n`` episodes each), routed by the checkpoint's router head
+    when it has one, and summarise per task type."""
+    envs = check_episode_eval(cfg, tasks, checkpoint)
+    conditions, routes = None, None
+    if router_head(cfg, checkpoint):
+        head, _ = load_router(cfg, policy, checkpoint)
+        rc = cfg.router
+        families = build_families(tasks, envs, rc.families_file)
+        picked = greedy_routes(head, tasks, cfg.data.max_prompt_length)
+        n = val_sampling_params(cfg).n
+        conditions, routes = route_conditions(
+            picked, n, lambda r: RouteCondition(r, families, rc.family_tools_only)
+        )
     generator = make_generator(cfg, policy)
     t0 = time.time()
     try:
-        runner = EpisodeRunner(cfg, generator, policy.tokenizer, router)
-        episodes = play_validation(runner, cfg, tasks, 0, 0)
+        runner = EpisodeRunner(cfg, generator, policy.tokenizer, envs)
+        episodes = play_validation(runner, cfg, tasks, 0, 0, conditions)
     finally:
         close = getattr(generator, "close", None)
         if close is not None:
             close()
-    summary = summarize_episodes(episodes)
+    summary = summarize_episodes(episodes, routes=routes)
     return {
         "mode": "episodes",
         "backend": backend_name(cfg),
+        "routed": routes is not None,
         "sampling": asdict(val_sampling_params(cfg)),
         "num_tasks": len(tasks),
         "num_episodes": len(episodes),
         "seconds": time.time() - t0,
         "summary": summary,
         "metrics": summary_metrics(summary, "val"),
-        "samples": sample_transcripts(episodes, tasks, keep_samples),
+        "samples": sample_transcripts(episodes, tasks, keep_samples, routes),
     }
 
 
@@ -121,7 +157,10 @@ def detail_lines(summary: dict[str, dict[str, Any]]) -> list[str]:
     for t, s in summary.items():
         errors = ", ".join(f"{k} {d['count']}" for k, d in s["tool_errors"].items()) or "none"
         stops = ", ".join(f"{k} {v:.0%}" for k, v in sorted(s["stop_reasons"].items()))
-        lines.append(f"{t}: tool errors {errors}; stops {stops}")
+        line = f"{t}: tool errors {errors}; stops {stops}"
+        if "routes" in s:
+            line += "; routes " + ", ".join(f"{k} {v:.0%}" for k, v in s["routes"].items())
+        lines.append(line)
     if ALL in summary and len(summary) > 2:
         a = summary[ALL]
         lines.append(
@@ -152,15 +191,15 @@ def run_episode_eval(
 ) -> int:
     """``toolgrpo eval``'s episode branch: check, load the policy (unless given), play, write
     the JSON, print the table."""
-    check_episode_eval(cfg, tasks)
+    check_episode_eval(cfg, tasks, checkpoint)
     if policy is None:
         policy = load_policy(cfg.actor_rollout_ref.model, trainable=False)
-    if checkpoint and (Path(checkpoint) / ROUTER_FILE).is_file():
-        print(f"note: {checkpoint} has a router head; eval scores the LM without routes")
+    if router_head(cfg, checkpoint):
+        print(f"routing each task with {checkpoint}'s router head (argmax)")
     record = {
         "model": label,
         "val_files": list(cfg.data.val_files),
-        **evaluate_episodes(cfg, policy, tasks, keep_samples),
+        **evaluate_episodes(cfg, policy, tasks, keep_samples, checkpoint),
     }
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=1))

@@ -29,6 +29,7 @@ from toolgrpo.data.loader import load_tasks
 from toolgrpo.data.task import Task
 from toolgrpo.eval.episodes import summarize_episodes, summary_metrics
 from toolgrpo.eval.evaluate import evaluate, val_sampling_params
+from toolgrpo.eval.routes import greedy_routes, route_conditions
 from toolgrpo.mixture import Mixture
 from toolgrpo.models.loading import load_policy
 from toolgrpo.rewards.scoring import check_task
@@ -37,7 +38,7 @@ from toolgrpo.rollout.backends import make_generator, sync_weights
 from toolgrpo.rollout.generator import SamplingParams
 from toolgrpo.rollout.hf import HFGenerator
 from toolgrpo.rollout.prompts import filter_overlong
-from toolgrpo.router.runtime import RouterRuntime
+from toolgrpo.router.runtime import RouteCondition, RouterRuntime
 from toolgrpo.trainer import state as ckpt_state
 from toolgrpo.trainer.actor import Actor
 from toolgrpo.trainer.batch import Batch
@@ -288,12 +289,22 @@ class Trainer(RolloutStage):
                 d.val_files, d.bad_rows, d.val_max_samples, check_task
             ).tasks
         if self.episodes is not None:
+            params = val_sampling_params(self.cfg)
+            conds, routes = None, None
+            rt = self.router
+            if rt is not None:  # the router's argmax route per task, as toolgrpo eval plays it
+                picked = greedy_routes(rt.policy, self._val_tasks, d.max_prompt_length)
+                conds, routes = route_conditions(
+                    picked,
+                    params.n,
+                    lambda r: RouteCondition(r, rt.families, rt.rc.family_tools_only),
+                )
             eps = self.episodes.play(
-                self._val_tasks, val_sampling_params(self.cfg), step, self.step, rollback=False
+                self._val_tasks, params, step, self.step, rollback=False, conditions=conds
             )
             metrics = {f"val/{k}": v for k, v in episode_metrics(eps).items()}
             # Per task type, exactly as ``toolgrpo eval`` reports them (eval/episodes.py).
-            metrics.update(summary_metrics(summarize_episodes(eps), "val"))
+            metrics.update(summary_metrics(summarize_episodes(eps, routes=routes), "val"))
             return metrics
         res = evaluate(
             self.generator,
