@@ -166,4 +166,12 @@ def test_routed_eval_of_a_router_checkpoint_agrees_with_validation(
 def test_router_enable_without_a_head_is_refused(tiny_model_dir, env_val_file, tmp_path, capsys):
     ov = _overrides(tiny_model_dir, env_val_file, tmp_path / "run")
     rc = main(["eval", "--output", str(tmp_path / "e.json"), *ov, "router.enable=true"])
-    assert rc != 0 and "has no router.pt" in capsys.readouterr().err
+    assert rc != 0 and "router.enable=true but no --checkpoint given" in capsys.readouterr().err
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text("{}")
+    rc = main(
+        ["eval", "--checkpoint", str(ckpt), "--output", str(tmp_path / "e.json"), *ov]
+        + ["router.enable=true"]
+    )
+    assert rc != 0 and f"{ckpt} has no router.pt" in capsys.readouterr().err

@@ -67,10 +67,10 @@ def router_head(cfg: TrainConfig, checkpoint: str | None) -> bool:
     decides). ``router.enable`` without one is refused: an untrained head routes at random."""
     has_head = bool(checkpoint) and (Path(str(checkpoint)) / ROUTER_FILE).is_file()
     if cfg.router.enable and not has_head:
+        where = f"{checkpoint} has no {ROUTER_FILE}" if checkpoint else "no --checkpoint given"
         raise ConfigError(
-            f"router.enable=true but {checkpoint or 'no --checkpoint'} has no {ROUTER_FILE}: "
-            "evaluate a checkpoint trained with the router, or set router.enable=false to score "
-            "the LM on the environments' own prompts"
+            f"router.enable=true but {where}: evaluate a checkpoint trained with the router, or "
+            "set router.enable=false to score the LM on the environments' own prompts"
         )
     return has_head
 
