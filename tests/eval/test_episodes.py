@@ -167,9 +167,7 @@ def test_router_enable_without_a_head_is_refused(tiny_model_dir, env_val_file, t
     ov = _overrides(tiny_model_dir, env_val_file, tmp_path / "run")
     rc = main(["eval", "--output", str(tmp_path / "e.json"), *ov, "router.enable=true"])
     assert rc != 0 and "router.enable=true but no --checkpoint given" in capsys.readouterr().err
-    ckpt = tmp_path / "ckpt"
-    ckpt.mkdir()
-    (ckpt / "config.json").write_text("{}")
+    ckpt = tiny_model_dir  # a model directory: no router head in it
     rc = main(
         ["eval", "--checkpoint", str(ckpt), "--output", str(tmp_path / "e.json"), *ov]
         + ["router.enable=true"]
