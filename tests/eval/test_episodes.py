@@ -63,6 +63,14 @@ def test_summary_per_task_type():
     assert m["val/search/stop/answer"] == 1.0
 
 
+def test_rlla_success_is_its_exact_call_or_format_part():
+    tool, resp, wrong = _ep("rlla", 3.5), _ep("rlla", 0.5), _ep("rlla", 4.0)
+    tool.reward_parts = {"exact_call": 1.0, "format_ok": 1.0}
+    resp.reward_parts = {"format_ok": 1.0}
+    wrong.reward_parts = {"exact_call": 0.0, "format_ok": 1.0}
+    assert summarize_episodes([tool, resp, wrong])["rlla"]["accuracy"] == pytest.approx(2 / 3)
+
+
 def test_nonfinite_reward_is_not_accurate_and_se_bounds():
     assert summarize_episodes([_ep("x", float("nan"))])["x"]["accuracy"] == 0.0
     assert binomial_se(0.5, 100) == 0.05 and binomial_se(0.0, 10) == 0.0 and binomial_se(1, 0) == 0

@@ -20,7 +20,8 @@ from toolgrpo.rollout.episode import STOP_REASONS, Episode
 ALL = "all"  # the row over every episode, beside one row per task type
 # Full marks per task type: calculator and direct score 0/1 (exact answer), search scores token
 # F1 (1.0 only for the exact answer after normalisation), bfcl_multi_turn the share of turns
-# passed (1.0 = every turn). Task types not listed (remote environments) use DEFAULT_THRESHOLD.
+# passed (1.0 = every turn). Task types not listed (remote environments) use DEFAULT_THRESHOLD;
+# RLLA episodes are judged on their reward parts (``succeeded``).
 SUCCESS_THRESHOLDS: dict[str, float] = {
     "calculator": 1.0,
     "search": 1.0,
@@ -41,12 +42,20 @@ def binomial_se(p: float, n: int) -> float:
     return math.sqrt(p * (1.0 - p) / n) if n > 0 else 0.0
 
 
+def succeeded(e: Episode, thresholds: Mapping[str, float] | None = None) -> bool:
+    """Full marks. RLLA's total depends on its reward flags and step, so an RLLA episode
+    succeeds on its exact-call part (tool-call ground truths) or its format (response ones)."""
+    if not math.isfinite(e.reward):
+        return False
+    if e.task_type == "rlla" and (thresholds is None or "rlla" not in thresholds):
+        part = "exact_call" if "exact_call" in e.reward_parts else "format_ok"
+        return e.reward_parts.get(part, 0.0) >= 1.0
+    return e.reward >= success_threshold(e.task_type, thresholds)
+
+
 def _summary(eps: Sequence[Episode], thresholds: Mapping[str, float] | None) -> dict[str, Any]:
     n = len(eps)
-    wins = [
-        float(math.isfinite(e.reward) and e.reward >= success_threshold(e.task_type, thresholds))
-        for e in eps
-    ]
+    wins = [float(succeeded(e, thresholds)) for e in eps]
     acc = fmean(wins)
     calls = sum(e.tool_calls for e in eps)
     errors: dict[str, int] = defaultdict(int)
