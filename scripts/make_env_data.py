@@ -1,9 +1,10 @@
-"""Regenerate the shipped calculator and search task data (seeded: same seed, same bytes).
+"""Regenerate the shipped calculator, search and direct task data (seeded: same seed, same bytes).
 
     python scripts/make_env_data.py [--out src/toolgrpo/data/envs] [--seed 0]
 
 Calculator tasks are checked against the environment's own tools; search questions are checked
-to have their answer in the supporting document of the generated fictional corpus.
+to have their answer in the supporting document of the generated fictional corpus; direct
+questions (``env_data_direct``) carry everything needed to answer them.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
+from env_data_direct import direct_rows
 from env_data_search import N_TEST, N_TRAIN, row, search_world
 
 from toolgrpo.envs.calculator import calculate, numbers_match, solve
@@ -137,6 +139,12 @@ def equation(r: random.Random) -> tuple[str, str, str]:
 
 
 def calculator_rows(seed: int) -> list[dict[str, Any]]:
+    return [rw for rw, _ in calculator_items(seed)]
+
+
+def calculator_items(seed: int) -> list[tuple[dict[str, Any], str]]:
+    """(row, gold work): the expression for ``calculate`` or the equation for ``solve`` that the
+    row's answer came from (``make_agent_sft.py`` replays it as the gold tool call)."""
     r = random.Random(f"calculator-{seed}")
     kinds: list[tuple[str, Callable[[random.Random], tuple[str, str, str]]]] = [
         ("arithmetic", arithmetic),
@@ -155,7 +163,7 @@ def calculator_rows(seed: int) -> list[dict[str, Any]]:
             assert any(numbers_match(v, ans) for v in roots), (q, roots, ans)
         else:
             assert numbers_match(calculate(work), ans), (q, work, ans)
-        rows.append(row("calculator", q, ans, {"kind": name}))
+        rows.append((row("calculator", q, ans, {"kind": name}), work))
     return rows
 
 
@@ -187,6 +195,9 @@ def main(argv: list[str] | None = None) -> None:
     train, test = split(questions, args.seed)
     write_jsonl(args.out / "search_train.jsonl", train)
     write_jsonl(args.out / "search_test.jsonl", test)
+    train, test = split(direct_rows(args.seed, N_TRAIN + N_TEST), args.seed)
+    write_jsonl(args.out / "direct_train.jsonl", train)
+    write_jsonl(args.out / "direct_test.jsonl", test)
     print(f"wrote {args.out}")
 
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import platform
-import sys
 from pathlib import Path
 
 import torch
@@ -12,17 +12,30 @@ import transformers
 
 import toolgrpo
 
+RLLA_COMMAND = "bash scripts/make_warmstart.sh  (toolgrpo sft configs/sft_smollm2_toolrl.yaml)"
+RLLA_DATA = "rlla:sft (embedded RLLA SFT rows, RL-convention targets, test-split row removed)"
+EPISODE_KEYS = ("episodes", "accuracy", "accuracy_se", "tool_call_rate", "calls_per_episode")
 
-def main(run_dir: str) -> None:
+
+def episode_eval(path: Path) -> dict | None:
+    """Per task type, the headline numbers of an episode eval (``toolgrpo eval`` on env tasks)."""
+    if not path.is_file():
+        return None
+    summary = json.loads(path.read_text())["summary"]
+    keys = (*EPISODE_KEYS, "tool_error_rate")
+    return {t: {k: s[k] for k in keys} for t, s in summary.items()}
+
+
+def main(run_dir: str, command: str = RLLA_COMMAND, data: str = RLLA_DATA) -> None:
     d = Path(run_dir)
     sft = json.loads((d / "sft_result.json").read_text())
     ev = json.loads((d / "eval_test.json").read_text()) if (d / "eval_test.json").is_file() else {}
     losses = [json.loads(x)["train/loss"] for x in (d / "metrics.jsonl").read_text().splitlines()]
     record = {
-        "command": "bash scripts/make_warmstart.sh  (toolgrpo sft configs/sft_smollm2_toolrl.yaml)",
+        "command": command,
         "config": (d / "config.yaml").read_text(),
         "base_model": sft["base_model"],
-        "data": "rlla:sft (embedded RLLA SFT rows, RL-convention targets, test-split row removed)",
+        "data": data,
         "examples": sft["examples"],
         "dropped_too_long": sft["dropped_too_long"],
         "data_hash_sha256": sft["data_hash"],
@@ -40,6 +53,7 @@ def main(run_dir: str) -> None:
                 "exact_call_rate",
             )
         },
+        "eval_env_test": episode_eval(d / "eval_env_test.json"),
         "versions": {
             "toolgrpo": toolgrpo.__version__,
             "torch": torch.__version__,
@@ -51,4 +65,9 @@ def main(run_dir: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("run_dir")
+    ap.add_argument("--command", default=RLLA_COMMAND)
+    ap.add_argument("--data", default=RLLA_DATA)
+    a = ap.parse_args()
+    main(a.run_dir, a.command, a.data)

@@ -164,11 +164,12 @@ def test_eval_refuses_tasks_it_cannot_score_before_generating(
             str(tmp_path / "e.json"),
             f"actor_rollout_ref.model.path={tiny_model_dir}",
             "data.val_files=[calculator:test]",
+            "router.enable=true",
         ]
     )
     assert rc == 2
     line = _error_line(capsys, "eval")
-    assert "calculator:test holds calculator tasks" in line and "single-turn scoring" in line
+    assert "router.enable=true but no --checkpoint given" in line
     assert not (tmp_path / "e.json").exists()
 
 

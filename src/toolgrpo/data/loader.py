@@ -172,7 +172,7 @@ def _embedded_rows(name: str) -> Iterator[dict[str, Any] | Exception]:
 
 
 # Generated environment tasks shipped in toolgrpo/data/envs (scripts/make_env_data.py).
-ENV_DATASETS = ("calculator", "search")
+ENV_DATASETS = ("calculator", "search", "direct")
 
 
 def _embedded_env_rows(env: str, name: str) -> Iterator[dict[str, Any] | Exception]:

@@ -29,6 +29,7 @@ _BUILTIN = {
     "rlla": "toolgrpo.envs.rlla",
     "calculator": "toolgrpo.envs.calculator",
     "search": "toolgrpo.envs.search",
+    "direct": "toolgrpo.envs.direct",
     "bfcl_multi_turn": "toolgrpo.envs.bfcl",
     "remote": "toolgrpo.envs.remote",
 }
@@ -70,6 +71,7 @@ DEFAULT_SPECS = {
     "rlla": EnvSpec("rlla", 1),
     "calculator": EnvSpec("calculator", 4),
     "search": EnvSpec("search", 4),
+    "direct": EnvSpec("direct", 2),  # no tools: one answer (a second turn after a stray call)
     # Up to 8 user turns, each needing a call turn and an answer turn.
     "bfcl_multi_turn": EnvSpec("bfcl_multi_turn", 20),
 }

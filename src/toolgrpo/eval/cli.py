@@ -13,6 +13,7 @@ from toolgrpo.config.schema import TrainConfig
 from toolgrpo.config.validate import validate_train_config
 from toolgrpo.data.loader import load_tasks
 from toolgrpo.eval.evaluate import check_scorable, evaluate, val_sampling_params
+from toolgrpo.eval.multi_turn import plays_episodes, run_episode_eval
 from toolgrpo.models.loading import load_policy
 from toolgrpo.rewards.scoring import check_task
 from toolgrpo.rewards.types import RllaFlags
@@ -56,12 +57,10 @@ def run_eval(
     tasks = load_tasks(d.val_files, d.bad_rows, -1, check_task).tasks
     if limit > 0:
         tasks = tasks[:limit]
-    check_scorable(
-        tasks,
-        d.val_files,
-        "toolgrpo eval plays no environments: score them with training validation "
-        "(actor_rollout_ref.rollout.multi_turn.enable=true, trainer.val_before_train=true)",
-    )
+    out = Path(output) if output else Path(cfg.trainer.output_dir) / "eval.json"
+    if plays_episodes(cfg, tasks):  # environment tasks: played as episodes (eval/multi_turn.py)
+        return run_episode_eval(cfg, tasks, label, out, keep_samples, checkpoint)
+    check_scorable(tasks, d.val_files, "use an RLLA dataset")
     policy = load_policy(cfg.actor_rollout_ref.model, trainable=False)
     params = val_sampling_params(cfg)
     gen = HFGenerator(policy.model, policy.tokenizer, policy.dtype, d.val_batch_size)
@@ -78,7 +77,6 @@ def run_eval(
         d.val_batch_size,
     )
     record = {"model": label, "val_files": d.val_files, **res.to_dict()}
-    out = Path(output) if output else Path(cfg.trainer.output_dir) / "eval.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=1))
     table = Table(title=f"toolgrpo eval: {label} on {', '.join(d.val_files)}")

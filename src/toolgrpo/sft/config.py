@@ -11,7 +11,9 @@ from toolgrpo.config.schema import ModelConfig, OptimConfig
 class SFTDataConfig:
     train_files: list[str] = field(default_factory=lambda: ["rlla:sft"])
     # RLLA-schema rows: "ground_truth" (ToolRL's placeholder thought + calls) or "output_sft"
-    # (the distilled R1 thought). Message JSONL rows ({"messages": [...]}) train on assistant turns.
+    # (the distilled R1 thought). Message JSONL rows ({"messages": [...]}, optionally "tools":
+    # [specs], rendered as an episode's prompt) train on assistant turns; "agent:sft" is the
+    # embedded set of gold multi-turn episodes (scripts/make_agent_sft.py).
     target: str = "ground_truth"
     max_length: int = 1024  # longer examples are dropped (and counted)
     max_samples: int = -1

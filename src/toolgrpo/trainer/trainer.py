@@ -27,7 +27,9 @@ from toolgrpo.config.schema import TrainConfig, as_dict
 from toolgrpo.config.validate import validate_train_config
 from toolgrpo.data.loader import load_tasks
 from toolgrpo.data.task import Task
+from toolgrpo.eval.episodes import summarize_episodes, summary_metrics
 from toolgrpo.eval.evaluate import check_scorable, evaluate, val_sampling_params
+from toolgrpo.eval.routes import greedy_routes, route_conditions
 from toolgrpo.mixture import Mixture
 from toolgrpo.models.loading import load_policy, load_tokenizer
 from toolgrpo.models.registry import resolve_model
@@ -318,11 +320,24 @@ class Trainer(RolloutStage):
         if self._val_tasks is None:
             self._val_tasks = self._read_val()
         if self.episodes is not None:
+            params = val_sampling_params(self.cfg)
+            conds, routes = None, None
+            rt = self.router
+            if rt is not None:  # the router's argmax route per task, as toolgrpo eval plays it
+                picked = greedy_routes(rt.policy, self._val_tasks, d.max_prompt_length)
+                conds, routes = route_conditions(
+                    picked,
+                    params.n,
+                    lambda r: RouteCondition(r, rt.families, rt.rc.family_tools_only),
+                )
             eps = self.episodes.play(
-                self._val_tasks, val_sampling_params(self.cfg), step, self.step, rollback=False
+                self._val_tasks, params, step, self.step, rollback=False, conditions=conds
             )
             warn_env_failures([e for e in eps if e.env_failure], self.episodes.router, step)
-            return {f"val/{k}": v for k, v in episode_metrics(eps).items()}
+            metrics = {f"val/{k}": v for k, v in episode_metrics(eps).items()}
+            # Per task type, exactly as ``toolgrpo eval`` reports them (eval/episodes.py).
+            metrics.update(summary_metrics(summarize_episodes(eps, routes=routes), "val"))
+            return metrics
         res = evaluate(
             self.generator,
             self.tokenizer,

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# The agent warm start (issue 16): LoRA SFT of SmolLM2-135M-Instruct on complete multi-turn
+# episodes (agent:sft, from scripts/make_agent_sft.py) mixed with the RLLA SFT rows (settings in
+# configs/sft_smollm2_agent.yaml), a bf16 copy of the adapter, and its evals: the RLLA test split
+# (single-turn, as for the RLLA warm start) and calculator/search/direct test (100 each, played as
+# greedy episodes). INSTALL_ADAPTER=1 copies it into the package with a PROVENANCE.json.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=${1:-outputs/sft_smollm2_agent}
+toolgrpo sft configs/sft_smollm2_agent.yaml trainer.output_dir="$out" trainer.logger='[console,jsonl]'
+ship="$out/adapter_bf16"
+mkdir -p "$ship"
+cp "$out/adapter/adapter_config.json" "$ship/"
+python -c "import sys, torch; from safetensors.torch import load_file, save_file; \
+sd = load_file(sys.argv[1]); save_file({k: v.to(torch.bfloat16) for k, v in sd.items()}, sys.argv[2])" \
+  "$out/adapter/adapter_model.safetensors" "$ship/adapter_model.safetensors"
+model=(actor_rollout_ref.model.path=smollm2-135m actor_rollout_ref.model.adapter_path="$ship")
+toolgrpo eval --output "$out/eval_test.json" configs/grpo_smollm2_rlla.yaml "${model[@]}"
+# Whole tool results (the gold search results reach 285 tokens), room for two searches.
+toolgrpo eval --output "$out/eval_env_test.json" --samples 3 configs/multiturn_smollm2_mixed.yaml \
+  "${model[@]}" 'data.val_files=[calculator:test,search:test,direct:test]' \
+  data.max_response_length=1024 actor_rollout_ref.rollout.multi_turn.max_tool_response_length=320
+if [ "${INSTALL_ADAPTER:-0}" = 1 ]; then
+  dest=src/toolgrpo/models/adapters/smollm2-135m-agent
+  mkdir -p "$dest"
+  cp "$ship/adapter_config.json" "$ship/adapter_model.safetensors" "$dest/"
+  python scripts/provenance.py "$out" \
+    --command "bash scripts/make_agent_warmstart.sh  (toolgrpo sft configs/sft_smollm2_agent.yaml)" \
+    --data "agent:sft (gold calculator/search/direct train episodes, plain + routed) + rlla:sft" \
+    > "$dest/PROVENANCE.json"
+fi
