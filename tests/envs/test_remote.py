@@ -12,7 +12,6 @@ import os
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -21,14 +20,14 @@ from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 from websockets.asyncio.client import connect
 
+from tests.envs.server_thread import serve_in_thread
 from toolgrpo.data.task import Task
 from toolgrpo.envs.base import Env, EnvReward, EnvStart, Transcript
 from toolgrpo.envs.registry import EnvConfigError, EnvRouter, register_env
 from toolgrpo.envs.remote import RemoteEnv, RemoteOptions
-from toolgrpo.envs.server import create_app, parse_options
+from toolgrpo.envs.server import parse_options
 from toolgrpo.envs.wire import (
     call_from_dict,
     call_to_dict,
@@ -146,25 +145,9 @@ async def run_episode(env: Env) -> tuple[Any, ...]:
 
 @contextmanager
 def thread_server(token: str | None = None, **options: Any) -> Iterator[str]:
-    """uvicorn on a pre-bound free loopback port in a thread; yields the ws:// URL."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    app = create_app(ENV, options, token)
-    config = uvicorn.Config(app, log_level="warning", lifespan="off", ws_ping_interval=None)
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "server did not start"
-        time.sleep(0.02)
-    try:
-        yield f"ws://127.0.0.1:{port}/ws"
-    finally:
-        server.should_exit = True
-        thread.join(10)
-        sock.close()
+    """The echo-counter env served in a thread; yields the ws:// URL."""
+    with serve_in_thread(ENV, options, token) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

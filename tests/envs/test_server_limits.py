@@ -12,7 +12,6 @@ import os
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -25,6 +24,7 @@ import pytest
 import uvicorn
 from websockets.asyncio.client import connect
 
+from tests.envs.server_thread import serve_in_thread
 from toolgrpo.config.loader import load_config, to_yaml
 from toolgrpo.config.schema import TrainConfig, as_dict
 from toolgrpo.data.task import Task
@@ -75,25 +75,9 @@ def make_task(i: int = 0, task_type: str = "spy") -> Task:
 
 @contextmanager
 def thread_server(env_type: str = GT_ENV, token: str | None = None, **limits: Any) -> Iterator[str]:
-    """uvicorn on a free loopback port in a thread; yields the ws:// URL."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    app = create_app(env_type, {}, token, **limits)
-    config = uvicorn.Config(app, log_level="warning", lifespan="off", ws_ping_interval=None)
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "server did not start"
-        time.sleep(0.02)
-    try:
-        yield f"ws://127.0.0.1:{port}/ws"
-    finally:
-        server.should_exit = True
-        thread.join(10)
-        sock.close()
+    """``env_type`` served in a thread with ``create_app``'s limits; yields the ws:// URL."""
+    with serve_in_thread(env_type, {}, token, **limits) as url:
+        yield url
 
 
 def http(ws_url: str) -> str:

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import threading
-import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
@@ -184,28 +182,10 @@ def _served(task: Task, options: Mapping[str, Any]) -> ToolEnv:
 @contextmanager
 def served(env_type: str) -> Iterator[str]:
     """``toolgrpo serve-env``'s app on a free loopback port in a thread; yields its ws:// URL."""
-    import uvicorn
+    from tests.envs.server_thread import serve_in_thread
 
-    from toolgrpo.envs.server import create_app
-
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    app = create_app(env_type, {}, None)
-    server = uvicorn.Server(
-        uvicorn.Config(app, log_level="warning", lifespan="off", ws_ping_interval=None)
-    )
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "server did not start"
-        time.sleep(0.02)
-    try:
-        yield f"ws://127.0.0.1:{sock.getsockname()[1]}/ws"
-    finally:
-        server.should_exit = True
-        thread.join(10)
-        sock.close()
+    with serve_in_thread(env_type) as url:
+        yield url
 
 
 def test_a_remote_environment_ends_the_episode_through_the_server(tok):  # noqa: F811
