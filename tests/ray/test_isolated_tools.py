@@ -34,7 +34,7 @@ def test_isolated_solve_in_a_ray_actor(ray_cluster) -> None:
             return [[r.error_type, r.text] for r in results] + [time.monotonic() - start]
 
         def close(self) -> None:
-            from toolgrpo.tools.isolated import shutdown_shared_pool
+            from toolgrpo.tools.shared_pool import shutdown_shared_pool
 
             shutdown_shared_pool()
 

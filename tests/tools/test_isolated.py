@@ -13,7 +13,7 @@ import pytest
 from tests.tools import isolated_fns as fns
 from toolgrpo.envs.tool_env import ToolEnv
 from toolgrpo.tools import ToolCall, dict_tool, function_tool, run_tool_calls
-from toolgrpo.tools.isolated import shared_pool, shutdown_shared_pool
+from toolgrpo.tools.shared_pool import shared_pool, shutdown_shared_pool
 
 TOOLS = {
     t.name: t

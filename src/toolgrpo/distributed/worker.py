@@ -25,7 +25,7 @@ from toolgrpo.rollout.backends import make_generator, sync_weights
 from toolgrpo.rollout.episode import Episode
 from toolgrpo.rollout.generator import Completion, SamplingParams
 from toolgrpo.rollout.multi_turn import Condition
-from toolgrpo.tools.isolated import shutdown_shared_pool
+from toolgrpo.tools.shared_pool import shutdown_shared_pool
 
 FAULTS = ("exit", "hang", "raise")
 

@@ -24,8 +24,9 @@ from toolgrpo.data.task import Task
 from toolgrpo.envs.base import EnvReward, Transcript
 from toolgrpo.envs.registry import EnvConfigError, register_env
 from toolgrpo.envs.tool_env import ToolEnv
-from toolgrpo.tools.isolated import DEFAULT_MEMORY_LIMIT_MB, request_workers
+from toolgrpo.tools.isolated import DEFAULT_MEMORY_LIMIT_MB
 from toolgrpo.tools.schema import Tool, function_tool
+from toolgrpo.tools.shared_pool import request_workers
 
 SYSTEM_PROMPT = (
     "You are a careful math assistant. Do not compute large numbers in your head: use the tools.\n"

@@ -15,8 +15,9 @@ from typing import Any
 
 from toolgrpo.envs.base import Env, EnvReward, EnvStart, Transcript
 from toolgrpo.tools.executor import run_tool_calls
-from toolgrpo.tools.isolated import DEFAULT_MEMORY_LIMIT_MB, modules_of, shared_pool
+from toolgrpo.tools.isolated import DEFAULT_MEMORY_LIMIT_MB
 from toolgrpo.tools.schema import Tool
+from toolgrpo.tools.shared_pool import modules_of, shared_pool
 from toolgrpo.tools.types import ToolCall, ToolResult
 
 log = logging.getLogger(__name__)

@@ -15,7 +15,6 @@ slow call never makes another one look slow.
 from __future__ import annotations
 
 import asyncio
-import atexit
 import logging
 import os
 import signal
@@ -322,11 +321,7 @@ class WorkerPool:
             with self._lock:
                 if self._closed or worker not in self._live:
                     break
-                claim = None
-                while self._waiters and claim is None:
-                    candidate = self._waiters.popleft()
-                    if not candidate.gone:
-                        claim = candidate
+                claim = self._next_waiter()
                 if claim is None:
                     self._idle.append(worker)
                     return
@@ -336,6 +331,14 @@ class WorkerPool:
             with self._lock:  # its loop is closed: take the worker back, try the next one
                 claim.gone, claim.worker = True, None
         worker.kill()
+
+    def _next_waiter(self) -> _Claim | None:
+        """The first waiting caller that has not given up, or None (caller holds the lock)."""
+        while self._waiters:
+            candidate = self._waiters.popleft()
+            if not candidate.gone:
+                return candidate
+        return None
 
     def _discard(self, worker: _Worker) -> None:
         worker.kill()
@@ -347,11 +350,7 @@ class WorkerPool:
         """Tell one waiting caller that a slot is free (it then starts a worker itself)."""
         while True:
             with self._lock:
-                claim = None
-                while self._waiters and claim is None:
-                    candidate = self._waiters.popleft()
-                    if not candidate.gone:
-                        claim = candidate
+                claim = self._next_waiter()
                 if claim is None:
                     return
                 claim.slot = True
@@ -397,53 +396,3 @@ def _wake(claim: _Claim) -> bool:
     except RuntimeError:  # the loop is closed
         return False
     return True
-
-
-# ---------------------------------------------------------------- the process-wide pool
-
-_POOL: WorkerPool | None = None
-_POOL_PID = 0
-_POOL_LOCK = threading.Lock()
-_REQUESTED_WORKERS: list[int] = []
-
-
-def request_workers(n: int) -> None:
-    """An environment asks for ``n`` isolated workers; the pool's cap is the largest request
-    (``DEFAULT_MAX_WORKERS`` if none). Applies to a pool created after the call."""
-    if n < 1:
-        raise ValueError(f"the number of tool workers must be >= 1, got {n}")
-    with _POOL_LOCK:
-        _REQUESTED_WORKERS.append(int(n))
-        if _POOL is not None and n > _POOL.max_workers:
-            _POOL.max_workers = int(n)
-
-
-def modules_of(fn: Callable[..., Any]) -> tuple[str, ...]:
-    """What a zygote should import for ``fn`` (its module, if it has one)."""
-    module = getattr(fn, "__module__", None)
-    return (module,) if isinstance(module, str) and module != "__main__" else ()
-
-
-def shared_pool(preload: Sequence[str] = ()) -> WorkerPool:
-    """This process's pool, created on first use (a forked child gets a fresh one)."""
-    global _POOL, _POOL_PID
-    with _POOL_LOCK:
-        if _POOL is None or _POOL_PID != os.getpid():
-            cap = max(_REQUESTED_WORKERS) if _REQUESTED_WORKERS else DEFAULT_MAX_WORKERS
-            _POOL = WorkerPool(cap, preload)
-            _POOL_PID = os.getpid()
-        pool = _POOL
-    pool.add_preload(preload)
-    return pool
-
-
-def shutdown_shared_pool() -> None:
-    """Kill this process's workers (also run at exit); the next call starts a new pool."""
-    global _POOL
-    with _POOL_LOCK:
-        pool, _POOL = (_POOL if _POOL_PID == os.getpid() else None), None
-    if pool is not None:
-        pool.close()
-
-
-atexit.register(shutdown_shared_pool)

@@ -18,12 +18,8 @@ from typing import Any, overload
 
 import jsonschema
 
-from toolgrpo.tools.isolated import (
-    DEFAULT_MEMORY_LIMIT_MB,
-    check_isolatable,
-    modules_of,
-    shared_pool,
-)
+from toolgrpo.tools.isolated import DEFAULT_MEMORY_LIMIT_MB, check_isolatable
+from toolgrpo.tools.shared_pool import modules_of, shared_pool
 from toolgrpo.tools.types import ToolResult
 
 ToolFn = Callable[..., Any]  # called with the arguments as keywords; sync or async

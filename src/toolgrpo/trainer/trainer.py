@@ -360,7 +360,7 @@ class Trainer(RolloutStage):
             stop = getattr(part, "close", None)
             if stop is not None:
                 stop()
-        from toolgrpo.tools.isolated import shutdown_shared_pool
+        from toolgrpo.tools.shared_pool import shutdown_shared_pool
 
         shutdown_shared_pool()  # isolated tools' worker processes (also done at exit)
 
