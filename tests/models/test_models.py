@@ -17,7 +17,7 @@ from toolgrpo.models.loading import (
     save_hf_model,
     trainable_parameters,
 )
-from toolgrpo.models.registry import ModelNotFound, resolve_model
+from toolgrpo.models.registry import ADAPTER_DIR, ALIASES, ModelNotFound, resolve_model
 
 
 def _ids(policy: Policy) -> torch.Tensor:
@@ -203,3 +203,14 @@ def test_save_hf_model_full(tiny_model_dir, tmp_path):
     save_hf_model(policy, tmp_path / "full")
     again = AutoModelForCausalLM.from_pretrained(str(tmp_path / "full"), dtype=torch.float32)
     torch.testing.assert_close(_logits(again, ids), _logits(policy.model, ids))
+
+
+@pytest.mark.parametrize("alias", [a for a, spec in ALIASES.items() if spec.adapter])
+def test_shipped_adapters_are_whole_and_have_provenance(alias):
+    """Every alias that names a shipped adapter finds it in the package, with the record of how
+    it was made (command, data hash, steps, loss, evals)."""
+    d = ADAPTER_DIR / ALIASES[alias].adapter
+    assert (d / "adapter_config.json").is_file() and (d / "adapter_model.safetensors").is_file()
+    prov = json.loads((d / "PROVENANCE.json").read_text())
+    assert prov["command"] and prov["steps"] > 0 and len(prov["data_hash_sha256"]) == 64
+    assert prov["eval_rlla_test"]["num_tasks"] == 80

