@@ -7,12 +7,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-outputs/sft_smollm2_toolrl}
 toolgrpo sft configs/sft_smollm2_toolrl.yaml trainer.output_dir="$out" trainer.logger='[console,jsonl]'
+bash scripts/adapter_bf16.sh "$out"
 ship="$out/adapter_bf16"
-mkdir -p "$ship"
-cp "$out/adapter/adapter_config.json" "$ship/"
-python -c "import sys, torch; from safetensors.torch import load_file, save_file; \
-sd = load_file(sys.argv[1]); save_file({k: v.to(torch.bfloat16) for k, v in sd.items()}, sys.argv[2])" \
-  "$out/adapter/adapter_model.safetensors" "$ship/adapter_model.safetensors"
 toolgrpo eval --output "$out/eval_test.json" configs/grpo_smollm2_rlla.yaml \
   actor_rollout_ref.model.path=smollm2-135m actor_rollout_ref.model.adapter_path="$ship"
 if [ "${INSTALL_ADAPTER:-0}" = 1 ]; then
