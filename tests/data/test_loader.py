@@ -159,6 +159,15 @@ def test_max_samples(tiny_data):
     assert len(load_tasks(str(tiny_data), max_samples=3).tasks) == 3
 
 
+def test_max_samples_takes_every_file_in_turn():
+    """A held-out subset of a mixed set keeps every task type: the first N tasks are taken
+    round-robin over the files (it used to be the first N of the first file only)."""
+    tasks = load_tasks(["calculator:test", "search:test", "direct:test"], max_samples=7).tasks
+    assert [t.task_type for t in tasks] == ["calculator", "search", "direct"] * 2 + ["calculator"]
+    everything = load_tasks(["calculator:test", "direct:test"]).tasks
+    assert [t.task_type for t in everything[:2]] == ["calculator", "calculator"]
+
+
 def test_json_list_file(tmp_path):
     p = tmp_path / "rows.json"
     p.write_text(json.dumps([rlla_row(0), rlla_row(1)]))

@@ -25,8 +25,8 @@ class DataConfig:
     shuffle: bool = True
     seed: int = 0
     bad_rows: str = "skip"  # "skip" reports and drops malformed rows; "error" refuses the file
-    max_samples: int = -1  # -1 = all rows
-    val_max_samples: int = -1  # validation during training on the first N val tasks; -1 = all
+    max_samples: int = -1  # first N rows, round-robin over the files; -1 = all rows
+    val_max_samples: int = -1  # in-training validation: first N val tasks, round-robin over files
 
 
 @dataclass

@@ -6,6 +6,7 @@ Rows are checked when the file is read, so a malformed row is reported with its 
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 from collections.abc import Callable, Iterable, Iterator
@@ -208,12 +209,15 @@ def load_tasks(
     check: RowCheck | None = None,
 ) -> LoadedData:
     """Load tasks from files or embedded names (``rlla:train``, ``calculator:test``), validating
-    every row."""
+    every row. ``max_samples`` keeps the first N tasks taken round-robin over the files, so a
+    subset of a mixed validation set still holds every task type."""
     if bad_rows not in ("skip", "error"):
         raise DataError(f"data.bad_rows must be 'skip' or 'error', got {bad_rows!r}")
-    tasks: list[Task] = []
+    per_file: list[list[Task]] = []
     problems: list[RowProblem] = []
     for spec in [specs] if isinstance(specs, str) else specs:
+        tasks: list[Task] = []
+        per_file.append(tasks)
         if spec.startswith("rlla:"):
             rows, source = _embedded_rows(spec.split(":", 1)[1]), spec
         elif spec.startswith("bfcl_multi_turn:"):
@@ -241,7 +245,10 @@ def load_tasks(
                 continue
             tasks.append(task)
     if max_samples > 0:
-        tasks = tasks[:max_samples]
+        rounds = itertools.zip_longest(*per_file)
+        tasks = [t for t in itertools.chain.from_iterable(rounds) if t is not None][:max_samples]
+    else:
+        tasks = [t for file_tasks in per_file for t in file_tasks]
     if not tasks:
         raise DataError(f"no usable rows in {specs} ({len(problems)} malformed)")
     return LoadedData(tasks, problems)
