@@ -31,7 +31,7 @@ class DataConfig:
 
 @dataclass
 class ModelConfig:
-    path: str = "smollm2-135m-toolrl"  # HF dir, .gguf file, or alias (see toolgrpo.models.registry)
+    path: str = "smollm2-135m-agent"  # HF dir, .gguf file, or alias (see toolgrpo.models.registry)
     dtype: str = "auto"  # compute dtype: auto = bf16 where the CPU has it natively, else fp32
     lora_rank: int = 0  # 0 = full fine-tuning
     lora_alpha: int = 16
