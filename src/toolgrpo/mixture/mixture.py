@@ -7,9 +7,11 @@ TIS, the weights) of the rows a fixed policy sampled, after the trainer chose th
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from statistics import fmean
 from typing import TYPE_CHECKING, Any
 
@@ -20,7 +22,7 @@ from toolgrpo.config.schema import TrainConfig
 from toolgrpo.data.task import Task
 from toolgrpo.mixture.correction import correct_fixed_rows
 from toolgrpo.mixture.policies import FixedPolicies, fixed_specs
-from toolgrpo.mixture.schedule import ACTOR, Schedule, allocate
+from toolgrpo.mixture.schedule import ACTOR, allocate, build_schedule
 from toolgrpo.rollout.generator import SamplingParams
 
 if TYPE_CHECKING:
@@ -40,10 +42,16 @@ class RolloutPart:
 
 class Mixture:
     def __init__(self, cfg: TrainConfig, tokenizer: Any) -> None:
-        ro = cfg.rollout_only
-        self.schedule = Schedule.from_config(ro.schedule, cfg.trainer.seed)
-        self.per_sample = ro.schedule.per_sample
-        self.mode, self.threshold = ro.is_correction, ro.is_threshold
+        ro, sc = cfg.rollout_only, cfg.rollout_allocation_schedule
+        self.schedule = build_schedule(sc, cfg.trainer.seed)
+        self.per_sample = sc.per_sample
+        self.bypass, self.level, self.threshold = (
+            ro.bypass_mode,
+            ro.rollout_is,
+            ro.rollout_is_threshold,
+        )
+        self._metrics_file = Path(cfg.trainer.output_dir) / "metrics.jsonl"
+        self._replayed = False
         specs = fixed_specs(cfg)
         self.labels = [s.label for s in specs]
         self.weights = [s.weight for s in specs]
@@ -60,6 +68,7 @@ class Mixture:
     ) -> Iterator[list[RolloutPart]]:
         """The step's tasks grouped by the policy the schedule gives them; with offloading, the
         fixed models are loaded here and freed when the block ends."""
+        self._replay(step)
         labels = allocate(
             self.schedule, step, len(tasks), self.labels, self.weights, self.per_sample
         )
@@ -97,7 +106,24 @@ class Mixture:
             m["rollout/reward_actor"] = fmean(actor)
         if fixed:
             m["rollout/reward_fixed"] = fmean(fixed)
+        self.schedule.observe(m)
         return m
+
+    def _replay(self, step: int) -> None:
+        """Once, before the first rollout of a resumed run: feed an adaptive schedule the logged
+        metrics of the steps before ``step``, so it continues as if never interrupted."""
+        if self._replayed:
+            return
+        self._replayed = True
+        if step <= 1 or not self._metrics_file.is_file():
+            return
+        for line in self._metrics_file.read_text().splitlines():
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line cut by a kill
+            if isinstance(rec, dict) and isinstance(rec.get("step"), int) and rec["step"] < step:
+                self.schedule.observe(rec)
 
     def correct(self, batch: Batch, actor: Actor, recomputed: bool) -> dict[str, float]:
         """Set the old log-probs / IS weights of fixed-policy rows (see ``correction``).
@@ -125,8 +151,10 @@ class Mixture:
             current,
             batch.response_mask_BR,
             fixed_B,
-            self.mode,
+            self.bypass,
+            self.level,
             self.threshold,
         )
         batch.old_logprobs_BR, batch.is_weights_BR = c.old_logprobs_BR, c.is_weights_BR
+        self.schedule.observe(c.metrics)
         return {**c.metrics, **metrics}
