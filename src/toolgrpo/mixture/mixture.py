@@ -8,6 +8,7 @@ TIS, the weights) of the rows a fixed policy sampled, after the trainer chose th
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -23,11 +24,14 @@ from toolgrpo.data.task import Task
 from toolgrpo.mixture.correction import correct_fixed_rows
 from toolgrpo.mixture.policies import FixedPolicies, fixed_specs
 from toolgrpo.mixture.schedule import ACTOR, allocate, build_schedule
+from toolgrpo.mixture.support import support_gap
 from toolgrpo.rollout.generator import SamplingParams
 
 if TYPE_CHECKING:
     from toolgrpo.trainer.actor import Actor
     from toolgrpo.trainer.batch import Batch
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -38,6 +42,13 @@ class RolloutPart:
     tasks: list[Task]
     generator: Any
     params: SamplingParams
+
+    def activate(self) -> None:
+        """Before this part plays: a vLLM engine shared by the actor and a fixed policy holds
+        whichever weights were pushed last, so this part's generator re-pushes its own."""
+        claim = getattr(self.generator, "claim_engine", None)
+        if claim is not None:
+            claim()
 
 
 class Mixture:
@@ -56,7 +67,17 @@ class Mixture:
         self.labels = [s.label for s in specs]
         self.weights = [s.weight for s in specs]
         actor_path = cfg.actor_rollout_ref.model.path
-        self.fixed = FixedPolicies(specs, tokenizer, actor_path, ro.offload)
+        self.fixed = FixedPolicies(specs, tokenizer, actor_path, ro.offload, cfg)
+        for spec in specs:
+            if spec.params.truncated:
+                log.warning(
+                    "%s samples with top_k=%s, top_p=%s: tokens outside that support can never "
+                    "be sampled on fixed rows and no importance weight repairs it; "
+                    "actor/is_support_gap logs the actor's probability mass there",
+                    spec.key,
+                    spec.params.top_k,
+                    spec.params.top_p,
+                )
 
     @contextmanager
     def rollout_parts(
@@ -84,6 +105,10 @@ class Mixture:
             yield parts
         finally:
             self.fixed.release()
+
+    def close(self) -> None:
+        """Release the fixed policies' vLLM engines (HF models go with the process)."""
+        self.fixed.close()
 
     def rollout_metrics(
         self, step: int, policies: Sequence[str], scores: Sequence[float]
@@ -157,4 +182,27 @@ class Mixture:
         )
         batch.old_logprobs_BR, batch.is_weights_BR = c.old_logprobs_BR, c.is_weights_BR
         self.schedule.observe(c.metrics)
+        metrics["actor/is_support_gap"] = self._support_gap(batch, actor, fixed_B)
         return {**c.metrics, **metrics}
+
+    def _support_gap(self, batch: Batch, actor: Actor, fixed_B: torch.Tensor) -> float:
+        """``actor/is_support_gap`` over the fixed rows (exactly 0 for samplers that keep every
+        token, computed only for top-k/top-p ones: two extra forward passes over their rows)."""
+        total, count = 0.0, float(batch.response_mask_BR[fixed_B].sum())
+        for label in dict.fromkeys(p for p in batch.policies if p != ACTOR):
+            spec = self.fixed.specs[label]
+            if not spec.params.truncated:
+                continue
+            rows = [i for i, p in enumerate(batch.policies) if p == label]
+            sub = batch.select(rows)
+            gap, _ = support_gap(
+                actor.policy,
+                actor.temperature,
+                self.fixed.policy(label),
+                spec.params,
+                sub.input_ids_BT,
+                sub.attention_mask_BT,
+                sub.response_mask_BR,
+            )
+            total += gap
+        return total / count if count else 0.0
