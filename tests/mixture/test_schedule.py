@@ -8,7 +8,16 @@ import pytest
 
 from toolgrpo.config.loader import ConfigError
 from toolgrpo.config.schema import RolloutAllocationScheduleConfig
-from toolgrpo.mixture import ACTOR, FIXED, allocate, build_schedule, pick_fixed
+from toolgrpo.mixture import (
+    ACTOR,
+    FIXED,
+    SCHEDULES,
+    RolloutAllocationSchedule,
+    allocate,
+    build_schedule,
+    pick_fixed,
+    register_schedule,
+)
 
 
 def Schedule(type: str = "constant", seed: int = 0, switch_steps=(), **kw):  # noqa: N802
@@ -125,3 +134,82 @@ def test_bad_schedules_name_the_key(kwargs, key):
 def test_steps_count_from_one():
     with pytest.raises(ValueError, match="from 1"):
         Schedule().actor_probability(0)
+
+
+# ---- issue #17, item 2: the schedule API ------------------------------------------------------
+class EveryThird(RolloutAllocationSchedule):
+    """A user schedule: the fixed policy samples every third step (``params.period``)."""
+
+    def get_policy_choice(self, step):
+        return FIXED if step % self.cfg.params.get("period", 3) == 0 else ACTOR
+
+
+def test_a_user_schedule_is_one_class_and_a_name():
+    register_schedule("every_third_test")(EveryThird)
+    cfg = RolloutAllocationScheduleConfig(type="every_third_test", params={"period": 2})
+    s = build_schedule(cfg)
+    assert [s.get_policy_choice(k) for k in range(1, 5)] == [ACTOR, FIXED, ACTOR, FIXED]
+    assert allocate(s, 2, 3, [FIXED], [1.0], per_sample=True) == [FIXED] * 3  # default groups
+    assert s.actor_probability(2) is None
+
+
+def test_a_user_schedule_by_import_path():
+    cfg = RolloutAllocationScheduleConfig(type="tests.mixture.test_schedule:EveryThird")
+    assert build_schedule(cfg).get_policy_choice(3) == FIXED
+    with pytest.raises(ConfigError, match="cannot be imported"):
+        build_schedule(RolloutAllocationScheduleConfig(type="tests.nowhere:Nope"))
+    with pytest.raises(ConfigError, match="not a RolloutAllocationSchedule"):
+        build_schedule(RolloutAllocationScheduleConfig(type="math:floor"))
+
+
+def test_every_built_in_schedule_implements_the_abstract_api():
+    assert {"constant", "linear", "exponential", "step", "adaptive"} <= set(SCHEDULES)
+    for cls in SCHEDULES.values():
+        assert issubclass(cls, RolloutAllocationSchedule)
+    with pytest.raises(TypeError):
+        RolloutAllocationSchedule(RolloutAllocationScheduleConfig())  # abstract
+
+
+def test_a_schedule_returning_nonsense_is_caught():
+    class Bad(RolloutAllocationSchedule):
+        def get_policy_choice(self, step):
+            return "critic"
+
+    with pytest.raises(ValueError, match="critic"):
+        allocate(Bad(RolloutAllocationScheduleConfig()), 1, 2, [FIXED], [1.0])
+
+
+def _adaptive(**kw):
+    return Schedule("adaptive", **{"alpha": 0.2, "max_alpha": 0.9, "ema": 0.5, **kw})
+
+
+def test_adaptive_ess_signal_raises_alpha_as_ess_falls():
+    s = _adaptive()
+    assert s.actor_probability(1) == pytest.approx(0.2)  # nothing observed
+    s.observe({"rollout/fixed_seq_ess": 1.0})
+    assert s.actor_probability(2) == pytest.approx(0.2)  # as good as on-policy: keep α
+    s.observe({"rollout/fixed_seq_ess": 0.0})  # running mean 0.5
+    assert s.actor_probability(3) == pytest.approx(0.2 + 0.7 * 0.5)
+    s.observe({"rollout/reward_actor": 5.0, "rollout/reward_fixed": 1.0})  # ignored: ess signal
+    assert s.actor_probability(4) == pytest.approx(0.55)
+    s.observe({"rollout/fixed_seq_ess": float("nan")})  # no fixed rows with tokens: ignored
+    assert s.actor_probability(5) == pytest.approx(0.55)
+
+
+def test_adaptive_reward_signal_switches_once_the_actor_catches_up():
+    s = _adaptive(signal="reward", ema=1.0)
+    s.observe({"rollout/reward_fixed": 1.0})
+    assert s.actor_probability(1) == pytest.approx(0.2)  # no actor reward yet
+    s.observe({"rollout/reward_actor": 0.5})
+    assert s.actor_probability(2) == pytest.approx(0.2)
+    s.observe({"rollout/reward_actor": 1.0})
+    assert s.actor_probability(3) == pytest.approx(0.9)
+
+
+@pytest.mark.parametrize(
+    "kw, key",
+    [({"alpha": 0.95}, "alpha"), ({"signal": "loss"}, "signal"), ({"ema": 0.0}, "ema")],
+)
+def test_bad_adaptive_settings_name_the_key(kw, key):
+    with pytest.raises(ConfigError, match=rf"rollout_allocation_schedule\.{key}"):
+        _adaptive(**kw)
