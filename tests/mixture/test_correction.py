@@ -83,3 +83,17 @@ def test_sequence_ess_is_scale_free_and_survives_huge_log_weights():
 def test_unknown_level_raises():
     with pytest.raises(ValueError, match="rollout_is"):
         correct_fixed_rows(ROLLOUT, ROLLOUT, CURRENT, MASK, FIXED, level="vtrace")
+
+
+def test_fixed_groups_with_signal_counts_groups_whose_scores_differ():
+    from types import SimpleNamespace
+
+    from toolgrpo.mixture.mixture import fixed_groups_with_signal
+
+    batch = SimpleNamespace(
+        uids=["a", "a", "b", "b", "c", "c", "d", "d"],
+        policies=["fixed"] * 6 + ["actor"] * 2,
+        scores_B=torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0, -1.0, 1.0, 0.0]),
+        is_negative=[False] * 5 + [True, False, False],  # c's difference is a negative's
+    )
+    assert fixed_groups_with_signal(batch) == pytest.approx(1 / 3)  # a only, of a, b, c

@@ -93,6 +93,7 @@ def test_constant_half_mixture_logs_finite_importance_metrics(mix_config, tmp_pa
             w = batch["is_weights_BR"]
             assert w is not None and float(w.max()) <= 2.0 and (w != 1).any()
             assert 0 < rec["rollout/fixed_seq_ess"] <= 1
+            assert 0 <= rec["rollout/fixed_groups_with_signal"] <= 1
         assert math.isfinite(rec["actor/pg_loss"])
 
 

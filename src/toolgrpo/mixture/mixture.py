@@ -51,6 +51,17 @@ class RolloutPart:
             claim()
 
 
+def fixed_groups_with_signal(batch: Batch) -> float:
+    """Share of the fixed policy's prompt groups whose scores differ: the groups whose rows get
+    non-zero GRPO advantages, i.e. teach the actor anything (negatives left out)."""
+    groups: dict[str, set[float]] = {}
+    scores = batch.scores_B.tolist()
+    for i, (u, p) in enumerate(zip(batch.uids, batch.policies, strict=True)):
+        if p != ACTOR and not (batch.is_negative and batch.is_negative[i]):
+            groups.setdefault(u, set()).add(scores[i])
+    return sum(len(v) > 1 for v in groups.values()) / len(groups) if groups else 0.0
+
+
 class Mixture:
     def __init__(self, cfg: TrainConfig, tokenizer: Any) -> None:
         ro, sc = cfg.rollout_only, cfg.rollout_allocation_schedule
@@ -183,6 +194,7 @@ class Mixture:
         batch.old_logprobs_BR, batch.is_weights_BR = c.old_logprobs_BR, c.is_weights_BR
         self.schedule.observe(c.metrics)
         metrics["actor/is_support_gap"] = self._support_gap(batch, actor, fixed_B)
+        metrics["rollout/fixed_groups_with_signal"] = fixed_groups_with_signal(batch)
         return {**c.metrics, **metrics}
 
     def _support_gap(self, batch: Batch, actor: Actor, fixed_B: torch.Tensor) -> float:
