@@ -1,8 +1,10 @@
 """The trainer's view of a mixture: who samples which tasks this step, and the IS correction.
 
 Two hooks: ``rollout_parts`` splits a step's tasks between the actor and the fixed policies
-(whole prompt groups, never a group split); ``correct`` rewrites the old log-probs (and, for
-TIS, the weights) of the rows a fixed policy sampled, after the trainer chose the actor's.
+(whole prompt groups, never a group split); ``correct`` rewrites the old log-probs (and, when
+decoupled, the IS weights) of the rows a fixed policy sampled, after the trainer chose the
+actor's, and logs the support gap. Both feed their metrics to the schedule (``observe``), which
+an adaptive schedule reads; on resume they are replayed from ``metrics.jsonl``.
 """
 
 from __future__ import annotations
