@@ -293,3 +293,23 @@ def test_support_gap_matches_a_brute_force_count(tiny_model_dir, tiny_fixed_dir)
     assert 0 < gap / count < 1
     full = SamplingParams(n=1, temperature=0.8)
     assert support_gap(actor, 1.0, fixed, full, ids, attn, mask)[0] == 0.0
+
+
+def test_a_user_schedule_named_in_config_drives_training(
+    make_train_config, tiny_fixed_dir, tmp_path
+):
+    """One class and its name: ``type=module:Class`` (no α: rollout/alpha is not logged)."""
+    out = tmp_path / "user"
+    cfg = make_train_config(
+        steps=3,
+        out=out,
+        **{
+            "rollout_only.model_path": str(tiny_fixed_dir),
+            "rollout_allocation_schedule.type": "tests.mixture.test_schedule:EveryThird",
+            "trainer.save_hf_model": "false",
+        },
+    )
+    Trainer(cfg).fit()
+    recs = read_metrics(out)
+    assert [r["rollout/using_fixed"] for r in recs] == [0.0, 0.0, 1.0]
+    assert not any("rollout/alpha" in r for r in recs)

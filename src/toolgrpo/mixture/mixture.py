@@ -132,11 +132,13 @@ class Mixture:
         actor = [s for p, s in zip(policies, scores, strict=True) if p == ACTOR]
         fixed = [s for p, s in zip(policies, scores, strict=True) if p != ACTOR]
         m = {
-            "rollout/alpha": self.schedule.actor_probability(step),
             "rollout/policy_choice": len(actor) / n,
             "rollout/using_actor": len(actor) / n,
             "rollout/using_fixed": len(fixed) / n,
         }
+        alpha = self.schedule.actor_probability(step)
+        if alpha is not None:  # a user schedule may only choose, without an α
+            m["rollout/alpha"] = alpha
         if len(self.labels) > 1:
             for label in self.labels:
                 m[f"rollout/using/{label}"] = sum(p == label for p in policies) / n
