@@ -98,8 +98,10 @@ BAD_TRAIN = [
     ("trainer.warn_no_signal_steps", "-1"),
     ("trainer.distributed.num_cpus_per_worker", "0"),
     ("async_training.staleness_threshold", "-1"),
-    ("rollout_only.schedule.type", "cosine"),
-    ("rollout_only.schedule.initial_policy", "teacher"),
+    ("rollout_allocation_schedule.ema", "0"),
+    ("rollout_only.rollout_is", "seq"),
+    ("rollout_only.rollout_is_threshold", "0"),
+    ("rollout_allocation_schedule.initial_policy", "teacher"),
     ("rollout_only.top_k", "-3"),
 ]
 

@@ -38,8 +38,8 @@ def mix_config(make_train_config, tiny_fixed_dir):
         base = {
             "rollout_only.model_path": str(tiny_fixed_dir),
             "rollout_only.temperature": 0.8,
-            "rollout_only.schedule.type": "constant",
-            "rollout_only.schedule.alpha": 0.5,
+            "rollout_allocation_schedule.type": "constant",
+            "rollout_allocation_schedule.alpha": 0.5,
             "trainer.save_hf_model": "false",
         }
         return make_train_config(steps=steps, out=out, **{**base, **extra})
@@ -87,21 +87,28 @@ def test_constant_half_mixture_logs_finite_importance_metrics(mix_config, tmp_pa
                 assert k in rec and math.isfinite(rec[k]), k
             assert rec["actor/importance_sampling"] == 1.0
             assert 0 < rec["actor/importance_weight_ess"] <= 1
-            # ppo_clip: the old log-probs of fixed rows are the fixed policy's sampling ones
-            assert torch.equal(batch["old_logprobs_BR"], batch["rollout_logprobs_BR"])
+            # the default (decoupled): PPO clips around the actor's own log-probs, and a
+            # truncated sequence weight min(π_old/π_fixed, 2) multiplies the loss
+            assert not torch.equal(batch["old_logprobs_BR"], batch["rollout_logprobs_BR"])
+            w = batch["is_weights_BR"]
+            assert w is not None and float(w.max()) <= 2.0 and (w != 1).any()
+            assert 0 < rec["rollout/fixed_seq_ess"] <= 1
+            assert 0 <= rec["rollout/fixed_groups_with_signal"] <= 1
         assert math.isfinite(rec["actor/pg_loss"])
 
 
 def test_fixed_rows_keep_sampler_logprobs_when_the_actor_recomputes(mix_config, tmp_path):
-    """With two PPO epochs the trainer recomputes old log-probs with the actor: the fixed rows
-    must still hold the fixed policy's (temperature 0.8) log-probs, not the actor's."""
+    """Bypass mode (the design's literal method): with two PPO epochs the trainer recomputes old
+    log-probs with the actor, yet the fixed rows must still hold the fixed policy's
+    (temperature 0.8) log-probs, not the actor's."""
     cfg = mix_config(
         steps=1,
         out=tmp_path / "r",
         **{
+            "rollout_only.bypass_mode": "true",
             "actor_rollout_ref.actor.ppo_epochs": 2,
-            "rollout_only.schedule.alpha": 0.5,
-            "rollout_only.schedule.per_sample": "true",
+            "rollout_allocation_schedule.alpha": 0.5,
+            "rollout_allocation_schedule.per_sample": "true",
             "data.train_batch_size": 4,
             "actor_rollout_ref.actor.ppo_mini_batch_size": 4,
         },
@@ -126,7 +133,7 @@ def test_per_sample_mixing_keeps_each_group_with_one_policy(mix_config, tmp_path
     cfg = mix_config(
         steps=3,
         out=tmp_path / "ps",
-        **{"rollout_only.schedule.per_sample": "true", "data.train_batch_size": 4},
+        **{"rollout_allocation_schedule.per_sample": "true", "data.train_batch_size": 4},
     )
     trainer = Trainer(cfg)
     seen = _capture(trainer)
@@ -141,15 +148,15 @@ def test_per_sample_mixing_keeps_each_group_with_one_policy(mix_config, tmp_path
     assert mixed > 0
 
 
-@pytest.mark.parametrize("mode", ["tis_token", "tis_seq"])
+@pytest.mark.parametrize("mode", ["token", "sequence"])
 def test_tis_weights_reach_the_loss_for_fixed_rows_only(mix_config, tmp_path, mode):
     cfg = mix_config(
         steps=1,
         out=tmp_path / mode,
         **{
-            "rollout_only.is_correction": mode,
-            "rollout_only.is_threshold": 1.5,
-            "rollout_only.schedule.per_sample": "true",
+            "rollout_only.rollout_is": mode,
+            "rollout_only.rollout_is_threshold": 1.5,
+            "rollout_allocation_schedule.per_sample": "true",
             "data.train_batch_size": 4,
         },
     )
@@ -184,7 +191,8 @@ def test_multi_turn_episodes_use_the_fixed_generator(mix_config, tmp_path):
         out=tmp_path / "mt",
         **{
             "actor_rollout_ref.rollout.multi_turn.enable": "true",
-            "rollout_only.schedule.alpha": 0.0,
+            "rollout_allocation_schedule.alpha": 0.0,
+            "rollout_only.bypass_mode": "true",
         },
     )
     trainer = Trainer(cfg)
@@ -201,7 +209,7 @@ def test_gae_critic_learns_from_fixed_rows(mix_config, tmp_path):
     cfg = mix_config(
         steps=2,
         out=tmp_path / "gae",
-        **{"algorithm.adv_estimator": "gae", "rollout_only.schedule.alpha": 0.0},
+        **{"algorithm.adv_estimator": "gae", "rollout_allocation_schedule.alpha": 0.0},
     )
     trainer = Trainer(cfg)
     seen = _capture(trainer)
@@ -226,8 +234,8 @@ def test_extra_policy_at_another_temperature_shares_the_loaded_model(mix_config,
         out=tmp_path / "extra",
         **{
             "rollout_only.extra_policies": "[{temperature: 1.5, weight: 1.0}]",
-            "rollout_only.schedule.alpha": 0.0,
-            "rollout_only.schedule.per_sample": "true",
+            "rollout_allocation_schedule.alpha": 0.0,
+            "rollout_allocation_schedule.per_sample": "true",
             "data.train_batch_size": 4,
         },
     )
@@ -259,7 +267,7 @@ def test_missing_fixed_model_path_is_a_config_error(make_train_config, tmp_path)
 
 def test_settings_without_a_fixed_model_path_are_refused(make_train_config):
     with pytest.raises(ConfigError, match=r"rollout_only\.model_path is empty"):
-        Trainer(make_train_config(**{"rollout_only.schedule.type": "linear"}))
+        Trainer(make_train_config(**{"rollout_allocation_schedule.type": "linear"}))
 
 
 def test_tokenizer_mismatch_names_both_models(mix_config, tiny_fixed_dir, tmp_path):
@@ -279,18 +287,31 @@ def test_tokenizer_mismatch_names_both_models(mix_config, tiny_fixed_dir, tmp_pa
 @pytest.mark.parametrize(
     "extra, match",
     [
-        ({"rollout_only.schedule.type": "cosine"}, r"schedule\.type"),
-        ({"rollout_only.schedule.alpha": 1.2}, r"schedule\.alpha"),
-        ({"rollout_only.schedule.type": "exponential", "rollout_only.schedule.gamma": -1}, "gamma"),
+        ({"rollout_allocation_schedule.type": "cosine"}, r"rollout_allocation_schedule\.type"),
+        ({"rollout_allocation_schedule.alpha": 1.2}, r"rollout_allocation_schedule\.alpha"),
         (
-            {"rollout_only.schedule.type": "step", "rollout_only.schedule.switch_steps": "[4,2]"},
+            {
+                "rollout_allocation_schedule.type": "exponential",
+                "rollout_allocation_schedule.gamma": -1,
+            },
+            "gamma",
+        ),
+        (
+            {
+                "rollout_allocation_schedule.type": "step",
+                "rollout_allocation_schedule.switch_steps": "[4,2]",
+            },
             "strictly increasing",
         ),
-        ({"rollout_only.is_correction": "vtrace"}, r"is_correction"),
-        ({"rollout_only.is_threshold": 0}, r"is_threshold"),
+        ({"rollout_only.rollout_is": "vtrace"}, r"rollout_only\.rollout_is="),
+        ({"rollout_only.rollout_is_threshold": 0}, r"rollout_is_threshold"),
+        ({"rollout_allocation_schedule.type": "lnear"}, r"did you mean 'linear'"),
         ({"rollout_only.top_p": 1.5}, r"rollout_only\.top_p"),
         ({"rollout_only.extra_policies": "[{temperature: 0}]"}, r"extra_policies\[0\]"),
-        ({"algorithm.use_kl_in_reward": "true"}, "use_kl_in_reward"),
+        (
+            {"algorithm.use_kl_in_reward": "true", "rollout_only.bypass_mode": "true"},
+            "use_kl_in_reward",
+        ),
     ],
 )
 def test_bad_mixture_settings_are_config_errors(mix_config, extra, match):

@@ -7,8 +7,23 @@ import math
 import pytest
 
 from toolgrpo.config.loader import ConfigError
-from toolgrpo.config.schema import MixtureScheduleConfig
-from toolgrpo.mixture import ACTOR, FIXED, Schedule, allocate, pick_fixed
+from toolgrpo.config.schema import RolloutAllocationScheduleConfig
+from toolgrpo.mixture import (
+    ACTOR,
+    FIXED,
+    SCHEDULES,
+    RolloutAllocationSchedule,
+    allocate,
+    build_schedule,
+    pick_fixed,
+    register_schedule,
+)
+
+
+def Schedule(type: str = "constant", seed: int = 0, switch_steps=(), **kw):  # noqa: N802
+    """A built schedule from the config's keys (``alpha_0``, ...), as the trainer builds it."""
+    cfg = RolloutAllocationScheduleConfig(type=type, switch_steps=list(switch_steps), **kw)
+    return build_schedule(cfg, default_seed=seed)
 
 
 def test_constant_alpha_and_its_extremes():
@@ -25,12 +40,12 @@ def test_constant_coin_flip_frequency_matches_alpha():
 
 
 def test_linear_grows_from_step_one_and_caps():
-    s = Schedule("linear", alpha0=0.2, beta=0.1, max_alpha=0.6)
+    s = Schedule("linear", alpha_0=0.2, beta=0.1, max_alpha=0.6)
     assert s.actor_probability(1) == pytest.approx(0.3)  # α0 + β·1: steps count from 1
     assert s.actor_probability(3) == pytest.approx(0.5)
     assert s.actor_probability(4) == pytest.approx(0.6)  # reaches the cap
     assert s.actor_probability(100) == pytest.approx(0.6)  # and stays there
-    falling = Schedule("linear", alpha0=0.5, beta=-0.2)
+    falling = Schedule("linear", alpha_0=0.5, beta=-0.2)
     assert falling.actor_probability(10) == 0.0  # never below 0
 
 
@@ -64,20 +79,20 @@ def test_choices_are_seeded_and_depend_on_the_seed():
 def test_resume_reproduces_choices(kind):
     """A schedule is a pure function of (seed, step): a fresh object built from the same config
     after a simulated resume at step k makes the same choices for k+1..N, in any query order."""
-    cfg = MixtureScheduleConfig(type=kind, alpha=0.5, alpha0=0.1, beta=0.05, gamma=0.05)
-    before = Schedule.from_config(cfg, default_seed=3)
+    cfg = RolloutAllocationScheduleConfig(type=kind, alpha=0.5, alpha_0=0.1, beta=0.05, gamma=0.05)
+    before = build_schedule(cfg, default_seed=3)
     straight = [before.get_policy_choice(k) for k in range(1, 41)]
     groups = [before.group_choices(k, 4) for k in range(1, 41)]
-    resumed = Schedule.from_config(cfg, default_seed=3)  # a new process, resumed at k = 17
+    resumed = build_schedule(cfg, default_seed=3)  # a new process, resumed at k = 17
     assert [resumed.get_policy_choice(k) for k in range(40, 17, -1)] == straight[17:][::-1]
     assert [resumed.group_choices(k, 4) for k in range(18, 41)] == groups[17:]
     assert len(set(straight)) == 2  # both policies actually occur
 
 
 def test_seed_none_takes_the_trainer_seed():
-    cfg = MixtureScheduleConfig(seed=None)
-    assert Schedule.from_config(cfg, default_seed=11).seed == 11
-    assert Schedule.from_config(MixtureScheduleConfig(seed=5), default_seed=11).seed == 5
+    cfg = RolloutAllocationScheduleConfig(seed=None)
+    assert build_schedule(cfg, default_seed=11).seed == 11
+    assert build_schedule(RolloutAllocationScheduleConfig(seed=5), default_seed=11).seed == 5
 
 
 def test_per_sample_allocation_draws_each_group():
@@ -100,7 +115,7 @@ def test_several_fixed_policies_share_by_weight():
     [
         ({"type": "cosine"}, "type"),
         ({"type": "constant", "alpha": 1.5}, "alpha"),
-        ({"type": "linear", "alpha0": -0.1}, "alpha0"),
+        ({"type": "linear", "alpha_0": -0.1}, "alpha_0"),
         ({"type": "linear", "max_alpha": 2.0}, "max_alpha"),
         ({"type": "linear", "beta": math.inf}, "beta"),
         ({"type": "exponential", "gamma": 0.0}, "gamma"),
@@ -112,10 +127,89 @@ def test_several_fixed_policies_share_by_weight():
     ],
 )
 def test_bad_schedules_name_the_key(kwargs, key):
-    with pytest.raises(ConfigError, match=rf"rollout_only\.schedule\.{key}"):
+    with pytest.raises(ConfigError, match=rf"rollout_allocation_schedule\.{key}"):
         Schedule(**kwargs)
 
 
 def test_steps_count_from_one():
     with pytest.raises(ValueError, match="from 1"):
         Schedule().actor_probability(0)
+
+
+# ---- issue #17, item 2: the schedule API ------------------------------------------------------
+class EveryThird(RolloutAllocationSchedule):
+    """A user schedule: the fixed policy samples every third step (``params.period``)."""
+
+    def get_policy_choice(self, step):
+        return FIXED if step % self.cfg.params.get("period", 3) == 0 else ACTOR
+
+
+def test_a_user_schedule_is_one_class_and_a_name():
+    register_schedule("every_third_test")(EveryThird)
+    cfg = RolloutAllocationScheduleConfig(type="every_third_test", params={"period": 2})
+    s = build_schedule(cfg)
+    assert [s.get_policy_choice(k) for k in range(1, 5)] == [ACTOR, FIXED, ACTOR, FIXED]
+    assert allocate(s, 2, 3, [FIXED], [1.0], per_sample=True) == [FIXED] * 3  # default groups
+    assert s.actor_probability(2) is None
+
+
+def test_a_user_schedule_by_import_path():
+    cfg = RolloutAllocationScheduleConfig(type="tests.mixture.test_schedule:EveryThird")
+    assert build_schedule(cfg).get_policy_choice(3) == FIXED
+    with pytest.raises(ConfigError, match="cannot be imported"):
+        build_schedule(RolloutAllocationScheduleConfig(type="tests.nowhere:Nope"))
+    with pytest.raises(ConfigError, match="not a RolloutAllocationSchedule"):
+        build_schedule(RolloutAllocationScheduleConfig(type="math:floor"))
+
+
+def test_every_built_in_schedule_implements_the_abstract_api():
+    assert {"constant", "linear", "exponential", "step", "adaptive"} <= set(SCHEDULES)
+    for cls in SCHEDULES.values():
+        assert issubclass(cls, RolloutAllocationSchedule)
+    with pytest.raises(TypeError):
+        RolloutAllocationSchedule(RolloutAllocationScheduleConfig())  # abstract
+
+
+def test_a_schedule_returning_nonsense_is_caught():
+    class Bad(RolloutAllocationSchedule):
+        def get_policy_choice(self, step):
+            return "critic"
+
+    with pytest.raises(ValueError, match="critic"):
+        allocate(Bad(RolloutAllocationScheduleConfig()), 1, 2, [FIXED], [1.0])
+
+
+def _adaptive(**kw):
+    return Schedule("adaptive", **{"alpha": 0.2, "max_alpha": 0.9, "ema": 0.5, **kw})
+
+
+def test_adaptive_ess_signal_raises_alpha_as_ess_falls():
+    s = _adaptive()
+    assert s.actor_probability(1) == pytest.approx(0.2)  # nothing observed
+    s.observe({"rollout/fixed_seq_ess": 1.0})
+    assert s.actor_probability(2) == pytest.approx(0.2)  # as good as on-policy: keep α
+    s.observe({"rollout/fixed_seq_ess": 0.0})  # running mean 0.5
+    assert s.actor_probability(3) == pytest.approx(0.2 + 0.7 * 0.5)
+    s.observe({"rollout/reward_actor": 5.0, "rollout/reward_fixed": 1.0})  # ignored: ess signal
+    assert s.actor_probability(4) == pytest.approx(0.55)
+    s.observe({"rollout/fixed_seq_ess": float("nan")})  # no fixed rows with tokens: ignored
+    assert s.actor_probability(5) == pytest.approx(0.55)
+
+
+def test_adaptive_reward_signal_switches_once_the_actor_catches_up():
+    s = _adaptive(signal="reward", ema=1.0)
+    s.observe({"rollout/reward_fixed": 1.0})
+    assert s.actor_probability(1) == pytest.approx(0.2)  # no actor reward yet
+    s.observe({"rollout/reward_actor": 0.5})
+    assert s.actor_probability(2) == pytest.approx(0.2)
+    s.observe({"rollout/reward_actor": 1.0})
+    assert s.actor_probability(3) == pytest.approx(0.9)
+
+
+@pytest.mark.parametrize(
+    "kw, key",
+    [({"alpha": 0.95}, "alpha"), ({"signal": "loss"}, "signal"), ({"ema": 0.0}, "ema")],
+)
+def test_bad_adaptive_settings_name_the_key(kw, key):
+    with pytest.raises(ConfigError, match=rf"rollout_allocation_schedule\.{key}"):
+        _adaptive(**kw)

@@ -35,7 +35,6 @@ def _config(**over: str) -> TrainConfig:
         ({"trainer.distributed.max_worker_restarts": "-1"}, "max_worker_restarts"),
         ({"trainer.distributed.backend": "spark"}, "trainer.distributed.backend"),
         ({"async_training.enable": "true"}, "async_training"),
-        ({"rollout_only.model_path": "tiny"}, "rollout_only"),
     ],
 )
 def test_unusable_ray_settings_are_refused(over, match):

@@ -297,3 +297,59 @@ def test_stop_strings_end_a_completion_after_the_completing_token(policy, prompt
 def test_bad_stop_strings_are_refused():
     with pytest.raises(ValueError, match="stop strings"):
         SamplingParams(stop=("",))
+
+
+# ---- issue #17, item 6: a model's generation_config must not reshape sampling after the recorder
+@pytest.fixture(scope="module")
+def sharp_policy(tiny_model_dir):
+    """A private copy of the tiny model with peaked next-token distributions (random init is
+    nearly flat, so truncating warpers would remove almost nothing)."""
+    p = load_policy(ModelConfig(path=str(tiny_model_dir), dtype="float32"), trainable=False)
+    with torch.no_grad():
+        p.model.model.norm.weight.mul_(8.0)
+    return p
+
+
+@pytest.mark.parametrize(
+    "key, value",
+    [
+        ("min_p", 0.3),
+        ("typical_p", 0.3),
+        ("epsilon_cutoff", 0.03),
+        ("eta_cutoff", 0.03),
+        ("top_h", 0.3),
+    ],
+)
+def test_recorded_logprobs_describe_the_sampled_distribution_despite_generation_config(
+    sharp_policy, prompts, key, value
+):
+    """Pins the defect: HF applied these generation_config.json settings *after* our recorder,
+    so tokens were drawn from a truncated distribution while the recorded log-probs described
+    the untruncated one. Empirical frequencies of 1-token samples must match exp(recorded)."""
+    gc = sharp_policy.model.generation_config
+    setattr(gc, key, value)
+    try:
+        torch.manual_seed(3)
+        n = 3000
+        params = SamplingParams(n=n, temperature=1.0, max_new_tokens=1)
+        out = HFGenerator(sharp_policy.model, sharp_policy.tokenizer, torch.float32, n).generate(
+            prompts[:1], params
+        )
+        assert sharp_policy.model.generation_config is gc  # restored after the call
+    finally:
+        setattr(gc, key, None)
+    tokens = torch.tensor([c.token_ids[0] for c in out])
+    recorded = {int(t): c.logprobs[0] for t, c in zip(tokens, out, strict=True)}
+    counts = torch.bincount(tokens, minlength=max(recorded) + 1).double() / n
+    q = torch.zeros_like(counts)
+    for t, lp in recorded.items():
+        q[t] = float(torch.tensor(lp).exp())
+    full = torch.softmax(
+        sharp_policy.model(input_ids=torch.tensor([prompts[0]])).logits[0, -1].double(), -1
+    )
+    seen = list(recorded)
+    assert (full[seen] - q[seen]).abs().max() < 1e-4  # recorded = the untruncated distribution
+    # ... so the samples must come from it: the most frequent tokens' frequencies match q
+    top = torch.argsort(counts, descending=True)[:5]
+    tol = 4 * (q[top] * (1 - q[top]) / n).sqrt() + 0.01
+    assert ((counts[top] - q[top]).abs() < tol).all(), (counts[top], q[top])

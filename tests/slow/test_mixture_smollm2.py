@@ -1,5 +1,6 @@
-"""Issue #5 end to end on the real model: the warm-started SmolLM2 actor with the base SmolLM2 at
-temperature 0.8 as the fixed rollout policy, constant α = 0.5, on RLLA."""
+"""Issues #5 and #17 end to end on the real model: the warm-started SmolLM2 actor with the base
+SmolLM2 as the fixed rollout policy, set by the design's command line verbatim (temperature 0.8,
+top-p 0.95, top-k 40, constant α = 0.5), on RLLA."""
 
 from __future__ import annotations
 
@@ -31,9 +32,11 @@ def test_mixture_with_base_smollm2_logs_finite_importance_weights(tmp_path):
             "actor_rollout_ref.model.path=smollm2-135m-toolrl",
             "rollout_only.model_path=smollm2-135m",
             "rollout_only.temperature=0.8",
-            "rollout_only.schedule.type=constant",
-            "rollout_only.schedule.alpha=0.5",
-            "rollout_only.schedule.seed=3",  # step 1: actor, step 2: fixed
+            "rollout_only.top_p=0.95",
+            "rollout_only.top_k=40",
+            "rollout_allocation_schedule.type=constant",
+            "rollout_allocation_schedule.alpha=0.5",
+            "rollout_allocation_schedule.seed=3",  # step 1: actor, step 2: fixed
             "data.train_batch_size=2",
             "actor_rollout_ref.rollout.n=2",
             "actor_rollout_ref.actor.ppo_mini_batch_size=2",
@@ -52,4 +55,6 @@ def test_mixture_with_base_smollm2_logs_finite_importance_weights(tmp_path):
         v = second[f"actor/importance_weight_{k}"]
         assert v is not None and math.isfinite(v), k
     assert second["actor/importance_sampling"] == 1.0
+    assert 0.0 <= second["actor/is_support_gap"] < 1.0  # top-k 40 / top-p 0.95 cut some mass
+    assert 0.0 < second["rollout/fixed_seq_ess"] <= 1.0
     assert math.isfinite(second["actor/pg_loss"])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import logging
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -13,6 +14,7 @@ from omegaconf.errors import OmegaConfBaseException
 from toolgrpo.errors import UserError
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 
 class ConfigError(UserError):
@@ -72,10 +74,74 @@ def _check_keys(keys: list[str], allowed: set[str], where: str, free: list[str] 
         raise ConfigError(f"unknown key {key!r} in {where}{hint}")
 
 
+def _alias_of(key: str, aliases: dict[str, Any]) -> tuple[str, Any] | None:
+    """The alias entry ``key`` falls under (exact, or below a section alias ending in ".")."""
+    if key in aliases:
+        return key, aliases[key]
+    for old, new in aliases.items():
+        if old.endswith(".") and (key.startswith(old) or key == old[:-1]):
+            return old, new
+    return None
+
+
+def rename_key(key: str, value: Any, aliases: dict[str, Any], where: str) -> list[tuple[str, Any]]:
+    """``key=value`` in today's spelling, with a warning when ``key`` is an old alias."""
+    hit = _alias_of(key, aliases)
+    if hit is None:
+        return [(key, value)]
+    old, new = hit
+    if isinstance(new, dict):  # the old key's values stand for settings of other keys
+        plain = str(value).strip().strip("'\"")
+        if plain not in new:
+            raise ConfigError(f"{key}={value!r} ({where}) is not one of {', '.join(new)}")
+        settings = new[plain]
+        said = " ".join(
+            f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in settings.items()
+        )
+        log.warning("%s=%s (%s) is an old alias: it means %s; use that", key, plain, where, said)
+        return list(settings.items())
+    renamed = new + key[len(old) :] if old.endswith(".") else new
+    if key == old[:-1]:
+        renamed = new[:-1]
+    log.warning("%s (%s) is an old alias of %s; use that", key, where, renamed)
+    return [(renamed, value)]
+
+
+def _leaves(d: dict, prefix: str = "") -> list[tuple[str, Any]]:
+    out: list[tuple[str, Any]] = []
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            out.extend(_leaves(v, f"{prefix}{k}."))
+        else:
+            out.append((f"{prefix}{k}", v))
+    return out
+
+
+def apply_aliases(tree: dict, aliases: dict[str, Any], where: str) -> dict:
+    """A YAML tree with old key spellings rewritten (unchanged when none occurs)."""
+    leaves = _leaves(tree)
+    if not any(_alias_of(k, aliases) for k, _ in leaves):
+        return tree
+    out: dict = {}
+    for key, value in leaves:
+        for new_key, new_value in rename_key(key, value, aliases, where):
+            *parents, last = new_key.split(".")
+            node = out
+            for part in parents:
+                node = node.setdefault(part, {})
+                if not isinstance(node, dict):
+                    raise ConfigError(
+                        f"{where}: {new_key!r} is set twice, as a value and a section"
+                    )
+            node[last] = new_value
+    return out
+
+
 def load_config(schema: type[T], path: str | Path | None = None, overrides: list[str] = ()) -> T:
     """Build ``schema`` from its defaults, then a YAML file, then ``key=value`` overrides."""
     allowed = valid_keys(schema)
     free = _free_prefixes(schema)
+    aliases: dict[str, Any] = getattr(schema, "key_aliases", {})
     base = OmegaConf.structured(schema)
     layers = []
     if path is not None:
@@ -94,16 +160,27 @@ def load_config(schema: type[T], path: str | Path | None = None, overrides: list
                 f"{p}: the top level must be a mapping of sections (data:, trainer:, ...), "
                 f"not {kind}"
             )
-        _check_keys(_flatten(OmegaConf.to_container(loaded)), allowed, str(p), free)
+        tree = OmegaConf.to_container(loaded)
+        if aliases:
+            renamed = apply_aliases(tree, aliases, str(p))  # type: ignore[arg-type]
+            if renamed is not tree:
+                loaded = OmegaConf.create(renamed)
+                tree = renamed
+        _check_keys(_flatten(tree), allowed, str(p), free)
         layers.append(loaded)
+    dotlist = []
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"override {item!r} is not of the form key=value")
-        key = item.split("=", 1)[0].lstrip("+")
-        _check_keys([key], allowed, "command-line overrides", free)
-    if overrides:
+        key, value = item.lstrip("+").split("=", 1)
+        for new_key, new_value in rename_key(key, value, aliases, "command line"):
+            _check_keys([new_key], allowed, "command-line overrides", free)
+            if not isinstance(new_value, str):
+                new_value = str(new_value).lower() if isinstance(new_value, bool) else new_value
+            dotlist.append(f"{new_key}={new_value}")
+    if dotlist:
         try:
-            layers.append(OmegaConf.from_dotlist([o.lstrip("+") for o in overrides]))
+            layers.append(OmegaConf.from_dotlist(dotlist))
         except OmegaConfBaseException as e:
             raise ConfigError(f"bad override: {e}") from e
     try:

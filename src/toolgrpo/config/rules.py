@@ -115,7 +115,7 @@ LOGGERS = ("console", "jsonl", "tensorboard")
 ADV_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "gae")
 AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 KL_KINDS = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")  # "+" suffix: straight-through
-IS_CORRECTIONS = ("ppo_clip", "tis_token", "tis_seq")  # toolgrpo.mixture.correction
+ROLLOUT_IS_LEVELS = ("sequence", "token")  # toolgrpo.mixture.correction (decoupled weights)
 WARMUP_STYLES = ("constant", "cosine")  # toolgrpo.trainer.optim.lr_factor
 
 MODEL_RULES: dict[str, Any] = {
@@ -142,6 +142,7 @@ _A = "actor_rollout_ref.actor."
 _R = "actor_rollout_ref.rollout."
 _MT = _R + "multi_turn."
 _RO = "rollout_only."
+_S = "rollout_allocation_schedule."
 
 TRAIN_RULES: dict[str, Any] = {
     "data.train_batch_size": POS,
@@ -231,16 +232,17 @@ TRAIN_RULES: dict[str, Any] = {
     _RO + "top_k": Num(-1, optional=True),
     _RO + "generation_batch_size": Num(0, low_open=True, optional=True),
     _RO + "weight": NONNEG,
-    _RO + "is_correction": OneOf(IS_CORRECTIONS),
-    _RO + "is_threshold": POS,
-    _RO + "schedule.type": OneOf(("constant", "linear", "exponential", "step")),
-    _RO + "schedule.alpha": UNIT,
-    _RO + "schedule.alpha0": UNIT,
-    _RO + "schedule.beta": FINITE,
-    _RO + "schedule.max_alpha": UNIT,
-    _RO + "schedule.gamma": NONNEG,
-    _RO + "schedule.initial_policy": OneOf(("actor", "fixed")),
-    _RO + "schedule.seed": Num(0, optional=True),
+    _RO + "rollout_is": OneOf(ROLLOUT_IS_LEVELS),
+    _RO + "rollout_is_threshold": Num(0, low_open=True, optional=True),  # null = untruncated
+    _S + "alpha": UNIT,
+    _S + "alpha_0": UNIT,
+    _S + "beta": FINITE,
+    _S + "max_alpha": UNIT,
+    _S + "gamma": NONNEG,
+    _S + "initial_policy": OneOf(("actor", "fixed")),
+    _S + "seed": Num(0, optional=True),
+    _S + "signal": OneOf(("ess", "reward", "ess_or_reward")),
+    _S + "ema": PROB,
     # The router's numbers are checked by config.router.check_router_config; its names here too,
     # for the "did you mean".
     "router.pooling": OneOf(POOLINGS),
@@ -287,12 +289,19 @@ FREE_KEYS = frozenset(
         _MT + "rollback_error_json_keys",  # any JSON key names
         _RO + "model_path",
         _RO + "adapter_path",
-        _RO + "schedule.switch_steps",  # checked by mixture.Schedule
+        _S + "type",  # a registered name or module:Class, checked by mixture.build_schedule
+        _S + "switch_steps",  # checked by mixture.schedule.StepSchedule
     }
 )
 # Sub-trees checked elsewhere: the router (config.router.check_router_config), the user's own
 # env options and Ray kwargs, and fixed policies (validate._check_rollout_only).
-DELEGATED = ("router.", _MT + "envs", "trainer.distributed.ray_init_kwargs", _RO + "extra_policies")
+DELEGATED = (
+    "router.",
+    _MT + "envs",
+    "trainer.distributed.ray_init_kwargs",
+    _RO + "extra_policies",
+    _S + "params",  # a user schedule's own settings, its class checks them
+)
 
 
 def lookup(cfg: Any, dotted: str) -> Any:

@@ -6,7 +6,7 @@ Defaults here are the one source of truth: YAML files only override them.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from toolgrpo.config.router import RouterConfig
 
@@ -283,19 +283,25 @@ class AsyncTrainingConfig:
 
 
 @dataclass
-class MixtureScheduleConfig:
-    """How often the actor samples (α) rather than a fixed policy; see ``toolgrpo.mixture``."""
+class RolloutAllocationScheduleConfig:
+    """Top-level ``rollout_allocation_schedule`` (the design's keys): how often the actor samples
+    (α) rather than a fixed policy; see ``toolgrpo.mixture.schedule``. Used with rollout_only."""
 
-    type: str = "constant"  # constant | linear | exponential | step
-    alpha: float = 0.5  # constant: probability that the actor samples a step (or group)
-    alpha0: float = 0.0  # linear: α = alpha0 + beta * step, capped at max_alpha
+    type: str = "constant"  # constant | linear | exponential | step | adaptive | a registered name
+    alpha: float = 0.5  # constant: P(actor samples a step or group); adaptive: the starting α
+    alpha_0: float = 0.0  # linear: α = alpha_0 + beta * step, capped at max_alpha
     beta: float = 0.05
-    max_alpha: float = 1.0  # cap for linear and exponential
+    max_alpha: float = 1.0  # cap for linear, exponential and adaptive
     gamma: float = 0.1  # exponential: α = 1 - exp(-gamma * step)
     switch_steps: list[int] = field(default_factory=list)  # step: the policy flips at each
     initial_policy: str = "fixed"  # step: who samples before the first switch (actor | fixed)
     seed: int | None = None  # None = trainer.seed
     per_sample: bool = False  # False: one policy per step; True: one per prompt group
+    # adaptive: α rises from alpha toward max_alpha as the fixed rows' sequence ESS falls, and
+    # jumps to max_alpha once the actor's rollout reward reaches the fixed policy's.
+    signal: str = "ess"  # adaptive: ess | reward | ess_or_reward
+    ema: float = 0.5  # adaptive: weight of the newest observation in the running averages
+    params: dict[str, Any] = field(default_factory=dict)  # a user schedule's own settings
 
 
 @dataclass
@@ -325,14 +331,34 @@ class RolloutOnlyConfig:
     generation_batch_size: int | None = None
     weight: float = 1.0  # share of this policy among the fixed ones
     extra_policies: list[FixedPolicyConfig] = field(default_factory=list)
-    schedule: MixtureScheduleConfig = field(default_factory=MixtureScheduleConfig)
-    is_correction: str = "ppo_clip"  # ppo_clip | tis_token | tis_seq
-    is_threshold: float = 2.0  # truncation C of the tis_* weights min(w, C)
+    # The IS estimator for fixed rows (verl's rollout-correction vocabulary; toolgrpo.mixture.
+    # correction). false: decoupled PPO, clipped around the actor's own old log-probs, times a
+    # truncated weight min(π_old/π_fixed, C). true: the design's literal method, π_fixed as the PPO
+    # old log-probs (biased: see docs/mixture.md).
+    bypass_mode: bool = False
+    rollout_is: str = "sequence"  # decoupled weight level: sequence | token
+    rollout_is_threshold: float | None = 2.0  # C; null = untruncated
     offload: bool = False  # load the fixed model only for the steps that use it, free it after
+
+
+# Old spellings that still load, each with a warning naming the key that replaced it
+# (config.loader.apply_aliases). A key ending in "." renames a whole section; a dict value maps
+# the old key's values to new (key, value) settings.
+TRAIN_KEY_ALIASES: dict[str, str | dict[str, dict[str, Any]]] = {
+    "rollout_only.schedule.alpha0": "rollout_allocation_schedule.alpha_0",
+    "rollout_only.schedule.": "rollout_allocation_schedule.",
+    "rollout_only.is_threshold": "rollout_only.rollout_is_threshold",
+    "rollout_only.is_correction": {
+        "ppo_clip": {"rollout_only.bypass_mode": True},
+        "tis_token": {"rollout_only.bypass_mode": False, "rollout_only.rollout_is": "token"},
+        "tis_seq": {"rollout_only.bypass_mode": False, "rollout_only.rollout_is": "sequence"},
+    },
+}
 
 
 @dataclass
 class TrainConfig:
+    key_aliases: ClassVar[dict] = TRAIN_KEY_ALIASES
     data: DataConfig = field(default_factory=DataConfig)
     actor_rollout_ref: ActorRolloutRefConfig = field(default_factory=ActorRolloutRefConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
@@ -341,6 +367,9 @@ class TrainConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     async_training: AsyncTrainingConfig = field(default_factory=AsyncTrainingConfig)
     rollout_only: RolloutOnlyConfig = field(default_factory=RolloutOnlyConfig)
+    rollout_allocation_schedule: RolloutAllocationScheduleConfig = field(
+        default_factory=RolloutAllocationScheduleConfig
+    )
     router: RouterConfig = field(default_factory=RouterConfig)  # budgeted tool router (#4)
 
 

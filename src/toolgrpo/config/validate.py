@@ -11,13 +11,17 @@ from toolgrpo.config.router import check_router_config
 from toolgrpo.config.rules import (
     ADV_ESTIMATORS,
     AGG_MODES,
-    IS_CORRECTIONS,
     KL_KINDS,
     SFT_RULES,
     TRAIN_RULES,
     check_rules,
 )
-from toolgrpo.config.schema import MultiTurnConfig, RolloutOnlyConfig, TrainConfig
+from toolgrpo.config.schema import (
+    MultiTurnConfig,
+    RolloutAllocationScheduleConfig,
+    RolloutOnlyConfig,
+    TrainConfig,
+)
 from toolgrpo.tools.types import ERROR_TYPES
 
 
@@ -65,10 +69,10 @@ def validate_train_config(cfg: TrainConfig) -> None:
         _positive(dist.call_timeout_s, "trainer.distributed.call_timeout_s")
         if dist.max_worker_restarts < 0:
             raise ConfigError("trainer.distributed.max_worker_restarts must be >= 0")
-        if cfg.async_training.enable or cfg.rollout_only.model_path:
+        if cfg.async_training.enable:
             raise ConfigError(
-                "trainer.distributed.backend=ray does not combine with async_training.enable or "
-                "rollout_only.model_path yet: use the local backend for those"
+                "trainer.distributed.backend=ray does not combine with async_training.enable "
+                "yet: use the local backend for it"
             )
 
     if r.name in ("vllm", "auto"):
@@ -167,17 +171,22 @@ def _check_rollback(mt: MultiTurnConfig) -> None:
 
 
 def _check_rollout_only(cfg: TrainConfig) -> None:
-    """The fixed rollout policy's settings (its schedule is checked by mixture.Schedule)."""
+    """The fixed rollout policy's settings and its allocation schedule."""
     ro = cfg.rollout_only
     if not ro.model_path:
-        if ro != RolloutOnlyConfig():
-            raise ConfigError(
-                "rollout_only settings are given but rollout_only.model_path is empty: name the "
-                "fixed policy's model (HF dir, .gguf or alias) or drop the rollout_only settings"
-            )
+        for section, default in (
+            ("rollout_only", RolloutOnlyConfig()),
+            ("rollout_allocation_schedule", RolloutAllocationScheduleConfig()),
+        ):
+            if getattr(cfg, section) != default:
+                raise ConfigError(
+                    f"{section} settings are given but rollout_only.model_path is empty: name the "
+                    f"fixed policy's model (HF dir, .gguf or alias) or drop the {section} settings"
+                )
         return
-    _one_of(ro.is_correction, IS_CORRECTIONS, "rollout_only.is_correction")
-    _positive(ro.is_threshold, "rollout_only.is_threshold")
+    from toolgrpo.mixture.schedule import build_schedule  # the schedule checks its own settings
+
+    build_schedule(cfg.rollout_allocation_schedule, cfg.trainer.seed)
     if ro.dtype is not None:
         _one_of(ro.dtype, ("auto", "bfloat16", "float32"), "rollout_only.dtype")
     if ro.generation_batch_size is not None:
@@ -196,10 +205,10 @@ def _check_rollout_only(cfg: TrainConfig) -> None:
             raise ConfigError(f"{key}.weight must be >= 0, got {e.weight}")
     if sum(e.weight for _, e in entries) <= 0:
         raise ConfigError("the fixed policies' weights (rollout_only.weight, ...) sum to 0")
-    if ro.is_correction == "ppo_clip" and cfg.algorithm.use_kl_in_reward:
+    if ro.bypass_mode and cfg.algorithm.use_kl_in_reward:
         raise ConfigError(
             "algorithm.use_kl_in_reward would charge fixed-policy rows the fixed policy's KL "
-            "under rollout_only.is_correction=ppo_clip: use actor.use_kl_loss or a tis_* correction"
+            "under rollout_only.bypass_mode=true: use actor.use_kl_loss or bypass_mode=false"
         )
 
 

@@ -1,56 +1,56 @@
 """Mixture of rollout policies: a fixed policy shares rollout duty with the actor, and importance
 sampling keeps the policy gradient about the actor: E_π[r] = E_fixed[(π/π_fixed)·r].
 
-Config (``rollout_only``; off unless ``model_path`` is set, so existing configs are unchanged)::
+Config (the design's keys; off unless ``rollout_only.model_path`` is set)::
 
     rollout_only:
       model_path: smollm2-135m     # what actor_rollout_ref.model.path accepts; frozen, no optimizer
-      adapter_path: ""             # optional LoRA adapter on top of it
       temperature: 0.8             # unset (null) sampling fields inherit actor_rollout_ref.rollout:
       top_p: null                  #   temperature, top_p, top_k, generation_batch_size; n and
       top_k: null                  #   max_response_length are always the actor's
-      weight: 1.0                  # share among the fixed policies when a fixed policy samples
-      extra_policies:              # more fixed policies; unset fields take rollout_only's values,
-        - {temperature: 1.2}       #   so this is the same model, loaded once, at temperature 1.2
-        - {model_path: /ckpt/step_50/model, weight: 2.0}
-      schedule: {type: constant, alpha: 0.5, per_sample: false, seed: null}
-      is_correction: ppo_clip      # ppo_clip | tis_token | tis_seq (see mixture.correction)
-      is_threshold: 2.0            # C in min(w, C) for tis_*
-      offload: false               # load fixed models only for the steps that use them
+      bypass_mode: false           # false: decoupled PPO + truncated IS (default); true: the
+      rollout_is: sequence         #   design's literal π_fixed-as-old (biased, docs/mixture.md)
+      rollout_is_threshold: 2.0    # C in min(π_old/π_fixed, C); null = untruncated
+      extra_policies: [...]        # more fixed policies (unset fields take rollout_only's)
+    rollout_allocation_schedule:
+      type: constant               # constant|linear|exponential|step|adaptive|module:Class
+      alpha: 0.5
 
-The fixed policies must share the actor's tokenizer (vocabulary and special tokens), checked at
-startup. Schedules (``mixture.schedule``) give α, the actor's probability per step; with
-``per_sample`` each prompt group is drawn on its own. Rows carry their sampler in
-``Batch.policies``; the old log-probs of fixed rows are the fixed policy's own sampling log-probs
-(temperature and truncation included), never the actor's recomputed ones.
+The fixed policies must share the actor's tokenizer (checked at startup) and sample on the
+actor's backend (HF or vLLM). Rows carry their sampler in ``Batch.policies``; see
+``correction`` for what the loss does with them and ``schedule`` for the schedule API.
 """
 
-from toolgrpo.mixture.correction import IS_CORRECTIONS, Correction, correct_fixed_rows
+from toolgrpo.mixture.correction import ROLLOUT_IS_LEVELS, Correction, correct_fixed_rows
 from toolgrpo.mixture.mixture import Mixture, RolloutPart
 from toolgrpo.mixture.policies import FixedPolicies, FixedSpec, fixed_specs, tokenizer_mismatch
 from toolgrpo.mixture.schedule import (
     ACTOR,
     FIXED,
-    SCHEDULE_TYPES,
-    Schedule,
+    SCHEDULES,
+    RolloutAllocationSchedule,
     allocate,
+    build_schedule,
     pick_fixed,
+    register_schedule,
 )
 
 __all__ = [
     "ACTOR",
     "FIXED",
-    "IS_CORRECTIONS",
-    "SCHEDULE_TYPES",
+    "ROLLOUT_IS_LEVELS",
+    "SCHEDULES",
     "Correction",
     "FixedPolicies",
     "FixedSpec",
     "Mixture",
     "RolloutPart",
-    "Schedule",
+    "RolloutAllocationSchedule",
     "allocate",
+    "build_schedule",
     "correct_fixed_rows",
     "fixed_specs",
     "pick_fixed",
+    "register_schedule",
     "tokenizer_mismatch",
 ]

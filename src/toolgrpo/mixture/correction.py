@@ -1,19 +1,17 @@
 """Importance-sampling correction for rows a fixed policy sampled (pure tensor functions).
 
-Three modes (``rollout_only.is_correction``):
+Two estimators (``rollout_only.bypass_mode``), in verl's rollout-correction vocabulary:
 
-- ``ppo_clip`` (default): the fixed policy's sampling log-probs *are* the old log-probs, so the
-  PPO ratio is π_current/π_fixed and the loss is unchanged. Its gradient is the exact IS
-  policy gradient for tokens whose ratio lies inside the clip band [1−ε_low, 1+ε_high] (and below
-  the dual-clip c for A < 0); tokens outside it contribute nothing. Right when the fixed policy is
-  close to the actor (an earlier checkpoint, the same model at a nearby temperature); with a
-  distant policy most tokens are clipped and the fixed samples teach little (``pg_clipfrac``).
-- ``tis_token`` / ``tis_seq``: verl's decoupled form. The old log-probs are the current actor's,
-  so PPO clips around the actor itself, and a detached weight min(π_current/π_fixed, C) per token
-  (or per sequence) multiplies the loss. Right when the policies differ a lot: the trust region
-  stays meaningful and C bounds the variance. ``tis_token`` suits short responses and close
-  policies (it ignores the prefix shift); ``tis_seq`` is unbiased up to the truncation but its
-  variance grows with response length.
+- decoupled (default, ``bypass_mode=false``): three policies. The PPO old log-probs of a fixed
+  row are the actor's own (π_old, recomputed before the update), so the clip band sits around
+  the actor, and a detached weight w = min(π_old/π_fixed, C) multiplies the loss:
+  per sequence (``rollout_is=sequence``, w = Π_t of the token ratios; unbiased when C = ∞) or
+  per token (``rollout_is=token``; ignores how the prefix distribution shifts, so biased beyond
+  one-token responses, but of lower variance). C = ``rollout_is_threshold`` (null: untruncated).
+- bypass (``bypass_mode=true``, the design's literal method): π_fixed's sampling log-probs *are*
+  the old log-probs, so the PPO ratio is π/π_fixed per token. Biased twice: the clip band is
+  centred on π_fixed, so tokens whose ratio leaves [1−ε, 1+ε] teach nothing, and per-token
+  ratios do not correct the prefix. docs/mixture.md tabulates every mode's exact bias.
 
 Actor rows are never touched: their old log-probs stay whatever the trainer chose (reused from
 generation when exactly on-policy, else recomputed) and their weight is 1.
@@ -28,14 +26,25 @@ import torch
 from toolgrpo.algos.importance import importance_log_ratio, is_weight_stats, truncated_is_weights
 from toolgrpo.algos.utils import masked_mean
 
-IS_CORRECTIONS = ("ppo_clip", "tis_token", "tis_seq")
+ROLLOUT_IS_LEVELS = ("sequence", "token")
 
 
 @dataclass
 class Correction:
     old_logprobs_BR: torch.Tensor
-    is_weights_BR: torch.Tensor | None  # None: no extra weights (ppo_clip)
+    is_weights_BR: torch.Tensor | None  # None: no extra weights (bypass mode)
     metrics: dict[str, float]
+
+
+def sequence_ess(log_ratio_BT: torch.Tensor, mask_BT: torch.Tensor) -> float:
+    """Normalised effective sample size (Σw)²/(n·Σw²) of untruncated sequence weights, computed
+    from log-weights (scale-free, so no overflow): 1 = as good as on-policy samples."""
+    has = mask_BT.sum(-1) > 0
+    if not bool(has.any()):
+        return float("nan")
+    lw = (log_ratio_BT * mask_BT).sum(-1)[has].double()
+    w = torch.exp(lw - lw.max())
+    return float(w.sum() ** 2 / (w.numel() * (w**2).sum()))
 
 
 def correct_fixed_rows(
@@ -44,15 +53,16 @@ def correct_fixed_rows(
     current_logprobs_BR: torch.Tensor,
     mask_BR: torch.Tensor,
     fixed_B: torch.Tensor,
-    mode: str = "ppo_clip",
-    threshold: float = 2.0,
+    bypass_mode: bool = False,
+    level: str = "sequence",
+    threshold: float | None = 2.0,
 ) -> Correction:
     """Old log-probs (a new tensor) and IS weights for a batch whose ``fixed_B`` rows a fixed
-    policy sampled. ``current_logprobs_BR`` (the actor before the update) matter on those rows
-    only. Metrics describe the weights in effect: the token ratio π_current/π_fixed for
-    ``ppo_clip`` (before clipping), the truncated token or sequence weights for ``tis_*``."""
-    if mode not in IS_CORRECTIONS:
-        raise ValueError(f"unknown IS correction {mode!r}; known: {', '.join(IS_CORRECTIONS)}")
+    policy sampled. ``current_logprobs_BR`` (the actor before the update, π_old) matter on those
+    rows only. Metrics describe the weights in effect: the token ratio π_old/π_fixed in bypass
+    mode (before clipping), the truncated token or sequence weights when decoupled."""
+    if level not in ROLLOUT_IS_LEVELS:
+        raise ValueError(f"unknown rollout_is level {level!r}; known: sequence, token")
     fixed_B = fixed_B.bool()
     old = old_logprobs_BR.clone()  # it may alias the rollout log-probs (on-policy reuse)
     metrics = {"actor/importance_sampling": float(fixed_B.any())}
@@ -63,20 +73,20 @@ def correct_fixed_rows(
         current_logprobs_BR[fixed_B], rollout_logprobs_BR[fixed_B], mask
     )
     weights = None
-    if mode == "ppo_clip":
+    if bypass_mode:
         old[fixed_B] = rollout_logprobs_BR[fixed_B]
         used = torch.exp(log_ratio)[mask.bool()]
     else:
-        level = "token" if mode == "tis_token" else "sequence"
         w = truncated_is_weights(log_ratio, mask, level, threshold)
         old[fixed_B] = current_logprobs_BR[fixed_B]
         weights = torch.ones_like(old)
         weights[fixed_B] = w
         has = mask.sum(-1) > 0
         used = w[mask.bool()] if level == "token" else w[has, 0]
-        if used.numel():
+        if used.numel() and threshold is not None:
             clipped = (used >= threshold).double().mean()
             metrics["actor/importance_weight_truncated_frac"] = float(clipped)
     metrics.update(is_weight_stats(used))
     metrics["actor/importance_log_ratio_mean"] = float(masked_mean(log_ratio, mask))
+    metrics["rollout/fixed_seq_ess"] = sequence_ess(log_ratio, mask)
     return Correction(old, weights, metrics)

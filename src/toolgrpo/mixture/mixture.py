@@ -1,15 +1,20 @@
 """The trainer's view of a mixture: who samples which tasks this step, and the IS correction.
 
 Two hooks: ``rollout_parts`` splits a step's tasks between the actor and the fixed policies
-(whole prompt groups, never a group split); ``correct`` rewrites the old log-probs (and, for
-TIS, the weights) of the rows a fixed policy sampled, after the trainer chose the actor's.
+(whole prompt groups, never a group split); ``correct`` rewrites the old log-probs (and, when
+decoupled, the IS weights) of the rows a fixed policy sampled, after the trainer chose the
+actor's, and logs the support gap. Both feed their metrics to the schedule (``observe``), which
+an adaptive schedule reads; on resume they are replayed from ``metrics.jsonl``.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from statistics import fmean
 from typing import TYPE_CHECKING, Any
 
@@ -20,12 +25,15 @@ from toolgrpo.config.schema import TrainConfig
 from toolgrpo.data.task import Task
 from toolgrpo.mixture.correction import correct_fixed_rows
 from toolgrpo.mixture.policies import FixedPolicies, fixed_specs
-from toolgrpo.mixture.schedule import ACTOR, Schedule, allocate
+from toolgrpo.mixture.schedule import ACTOR, allocate, build_schedule
+from toolgrpo.mixture.support import support_gap
 from toolgrpo.rollout.generator import SamplingParams
 
 if TYPE_CHECKING:
     from toolgrpo.trainer.actor import Actor
     from toolgrpo.trainer.batch import Batch
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -37,18 +45,52 @@ class RolloutPart:
     generator: Any
     params: SamplingParams
 
+    def activate(self) -> None:
+        """Before this part plays: a vLLM engine shared by the actor and a fixed policy holds
+        whichever weights were pushed last, so this part's generator re-pushes its own."""
+        claim = getattr(self.generator, "claim_engine", None)
+        if claim is not None:
+            claim()
+
+
+def fixed_groups_with_signal(batch: Batch) -> float:
+    """Share of the fixed policy's prompt groups whose scores differ: the groups whose rows get
+    non-zero GRPO advantages, i.e. teach the actor anything (negatives left out)."""
+    groups: dict[str, set[float]] = {}
+    scores = batch.scores_B.tolist()
+    for i, (u, p) in enumerate(zip(batch.uids, batch.policies, strict=True)):
+        if p != ACTOR and not (batch.is_negative and batch.is_negative[i]):
+            groups.setdefault(u, set()).add(scores[i])
+    return sum(len(v) > 1 for v in groups.values()) / len(groups) if groups else 0.0
+
 
 class Mixture:
     def __init__(self, cfg: TrainConfig, tokenizer: Any) -> None:
-        ro = cfg.rollout_only
-        self.schedule = Schedule.from_config(ro.schedule, cfg.trainer.seed)
-        self.per_sample = ro.schedule.per_sample
-        self.mode, self.threshold = ro.is_correction, ro.is_threshold
+        ro, sc = cfg.rollout_only, cfg.rollout_allocation_schedule
+        self.schedule = build_schedule(sc, cfg.trainer.seed)
+        self.per_sample = sc.per_sample
+        self.bypass, self.level, self.threshold = (
+            ro.bypass_mode,
+            ro.rollout_is,
+            ro.rollout_is_threshold,
+        )
+        self._metrics_file = Path(cfg.trainer.output_dir) / "metrics.jsonl"
+        self._replayed = False
         specs = fixed_specs(cfg)
         self.labels = [s.label for s in specs]
         self.weights = [s.weight for s in specs]
         actor_path = cfg.actor_rollout_ref.model.path
-        self.fixed = FixedPolicies(specs, tokenizer, actor_path, ro.offload)
+        self.fixed = FixedPolicies(specs, tokenizer, actor_path, ro.offload, cfg)
+        for spec in specs:
+            if spec.params.truncated:
+                log.warning(
+                    "%s samples with top_k=%s, top_p=%s: tokens outside that support can never "
+                    "be sampled on fixed rows and no importance weight repairs it; "
+                    "actor/is_support_gap logs the actor's probability mass there",
+                    spec.key,
+                    spec.params.top_k,
+                    spec.params.top_p,
+                )
 
     @contextmanager
     def rollout_parts(
@@ -60,6 +102,7 @@ class Mixture:
     ) -> Iterator[list[RolloutPart]]:
         """The step's tasks grouped by the policy the schedule gives them; with offloading, the
         fixed models are loaded here and freed when the block ends."""
+        self._replay(step)
         labels = allocate(
             self.schedule, step, len(tasks), self.labels, self.weights, self.per_sample
         )
@@ -76,6 +119,10 @@ class Mixture:
         finally:
             self.fixed.release()
 
+    def close(self) -> None:
+        """Release the fixed policies' vLLM engines (HF models go with the process)."""
+        self.fixed.close()
+
     def rollout_metrics(
         self, step: int, policies: Sequence[str], scores: Sequence[float]
     ) -> dict[str, float]:
@@ -85,11 +132,13 @@ class Mixture:
         actor = [s for p, s in zip(policies, scores, strict=True) if p == ACTOR]
         fixed = [s for p, s in zip(policies, scores, strict=True) if p != ACTOR]
         m = {
-            "rollout/alpha": self.schedule.actor_probability(step),
             "rollout/policy_choice": len(actor) / n,
             "rollout/using_actor": len(actor) / n,
             "rollout/using_fixed": len(fixed) / n,
         }
+        alpha = self.schedule.actor_probability(step)
+        if alpha is not None:  # a user schedule may only choose, without an α
+            m["rollout/alpha"] = alpha
         if len(self.labels) > 1:
             for label in self.labels:
                 m[f"rollout/using/{label}"] = sum(p == label for p in policies) / n
@@ -97,7 +146,24 @@ class Mixture:
             m["rollout/reward_actor"] = fmean(actor)
         if fixed:
             m["rollout/reward_fixed"] = fmean(fixed)
+        self.schedule.observe(m)
         return m
+
+    def _replay(self, step: int) -> None:
+        """Once, before the first rollout of a resumed run: feed an adaptive schedule the logged
+        metrics of the steps before ``step``, so it continues as if never interrupted."""
+        if self._replayed:
+            return
+        self._replayed = True
+        if step <= 1 or not self._metrics_file.is_file():
+            return
+        for line in self._metrics_file.read_text().splitlines():
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line cut by a kill
+            if isinstance(rec, dict) and isinstance(rec.get("step"), int) and rec["step"] < step:
+                self.schedule.observe(rec)
 
     def correct(self, batch: Batch, actor: Actor, recomputed: bool) -> dict[str, float]:
         """Set the old log-probs / IS weights of fixed-policy rows (see ``correction``).
@@ -125,8 +191,34 @@ class Mixture:
             current,
             batch.response_mask_BR,
             fixed_B,
-            self.mode,
+            self.bypass,
+            self.level,
             self.threshold,
         )
         batch.old_logprobs_BR, batch.is_weights_BR = c.old_logprobs_BR, c.is_weights_BR
+        self.schedule.observe(c.metrics)
+        metrics["actor/is_support_gap"] = self._support_gap(batch, actor, fixed_B)
+        metrics["rollout/fixed_groups_with_signal"] = fixed_groups_with_signal(batch)
         return {**c.metrics, **metrics}
+
+    def _support_gap(self, batch: Batch, actor: Actor, fixed_B: torch.Tensor) -> float:
+        """``actor/is_support_gap`` over the fixed rows (exactly 0 for samplers that keep every
+        token, computed only for top-k/top-p ones: two extra forward passes over their rows)."""
+        total, count = 0.0, float(batch.response_mask_BR[fixed_B].sum())
+        for label in dict.fromkeys(p for p in batch.policies if p != ACTOR):
+            spec = self.fixed.specs[label]
+            if not spec.params.truncated:
+                continue
+            rows = [i for i, p in enumerate(batch.policies) if p == label]
+            sub = batch.select(rows)
+            gap, _ = support_gap(
+                actor.policy,
+                actor.temperature,
+                self.fixed.policy(label),
+                spec.params,
+                sub.input_ids_BT,
+                sub.attention_mask_BT,
+                sub.response_mask_BR,
+            )
+            total += gap
+        return total / count if count else 0.0

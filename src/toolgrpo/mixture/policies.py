@@ -3,6 +3,11 @@
 A fixed policy only generates: it is loaded frozen (``load_policy(..., trainable=False)``, no
 optimizer state) and its sampling log-probs, recorded by the generator under the exact
 distribution it sampled (temperature and top-k/top-p included), are the IS denominator.
+
+It samples on the actor's backend (``actor_rollout_ref.rollout.name``/``mode``): HF, or vLLM,
+where a fixed model on the actor's base model shares the actor's engine (each part of a step
+re-pushes its own weights, ``RolloutPart.activate``). Under ``trainer.distributed.backend=ray``
+the fixed policy samples in the driver process while the workers sample the actor.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from toolgrpo.config.schema import ModelConfig, TrainConfig
 from toolgrpo.mixture.schedule import FIXED
 from toolgrpo.models.loading import Policy, load_policy, load_tokenizer
 from toolgrpo.models.registry import resolve_model
+from toolgrpo.rollout.backends import backend_name, make_generator
 from toolgrpo.rollout.generator import SamplingParams
 from toolgrpo.rollout.hf import HFGenerator
 
@@ -92,12 +98,19 @@ class FixedPolicies:
     (on CPU there is no device memory to offload to)."""
 
     def __init__(
-        self, specs: list[FixedSpec], tokenizer: Any, actor_path: str, offload: bool = False
+        self,
+        specs: list[FixedSpec],
+        tokenizer: Any,
+        actor_path: str,
+        offload: bool = False,
+        cfg: TrainConfig | None = None,
     ) -> None:
         self.specs = {s.label: s for s in specs}
         self.tokenizer = tokenizer
         self.offload = offload
+        self.cfg = cfg  # the actor's rollout backend settings; None = HF
         self._models: dict[tuple[str, str, str], Policy] = {}
+        self._engines: dict[tuple[str, str, str], Any] = {}  # vLLM generators per fixed model
         seen: set[str] = set()
         for s in specs:
             if s.model.path in seen:
@@ -130,16 +143,38 @@ class FixedPolicies:
                 raise ConfigError(f"{spec.key}: {e}") from e
         return self._models[key]
 
-    def generator(self, label: str) -> HFGenerator:
+    @property
+    def backend(self) -> str:
+        return backend_name(self.cfg) if self.cfg is not None else "hf"
+
+    def generator(self, label: str) -> Any:
+        """The generator of fixed policy ``label`` on the actor's backend."""
         spec = self.specs[label]
         policy = self._policy(spec)
-        return HFGenerator(policy.model, self.tokenizer, policy.dtype, spec.batch_size)
+        if self.backend != "vllm":
+            return HFGenerator(policy.model, self.tokenizer, policy.dtype, spec.batch_size)
+        key = _model_key(spec.model)
+        if key not in self._engines:
+            assert self.cfg is not None
+            self._engines[key] = make_generator(self.cfg, policy)  # the fixed weights, pushed
+        return self._engines[key]
+
+    def policy(self, label: str) -> Policy:
+        return self._policy(self.specs[label])
 
     def release(self) -> None:
-        """Free the loaded models when offloading (no-op otherwise)."""
+        """Free the loaded models (and their vLLM generators) when offloading (no-op
+        otherwise)."""
         if self.offload and self._models:
+            self.close()
             self._models.clear()
             gc.collect()
+
+    def close(self) -> None:
+        """Release vLLM engines held for fixed policies (the last user shuts an engine down)."""
+        for gen in self._engines.values():
+            gen.close()
+        self._engines.clear()
 
     @property
     def loaded(self) -> int:

@@ -7,6 +7,10 @@ what an importance-sampling denominator needs — and only one ``[B, V]`` row se
 
 from __future__ import annotations
 
+import copy
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -20,6 +24,51 @@ from transformers import (
 )
 
 from toolgrpo.rollout.generator import Completion, SamplingParams
+
+log = logging.getLogger(__name__)
+
+# Warpers HF's generate() installs *after* custom logits processors (so after our recorder) when
+# a model's generation_config.json sets them: the tokens would be drawn from a distribution the
+# recorded log-probs do not describe. Sampling here is what the config says (temperature, top_k,
+# top_p), as on vLLM, so they are switched off for our calls; "neutral" = the value that is off.
+_AFTER_RECORDER = {
+    "min_p": None,
+    "typical_p": None,
+    "epsilon_cutoff": None,
+    "eta_cutoff": None,
+    "top_h": None,
+    "watermarking_config": None,
+}
+_warned: set[tuple[str, Any]] = set()
+
+
+@contextmanager
+def neutral_generation_config(model: Any) -> Iterator[None]:
+    """Hide the sampling warpers a model's ``generation_config`` would add after our recorder
+    (see ``_AFTER_RECORDER``) for the duration of a ``generate`` call; warns once per value."""
+    gc = getattr(model, "generation_config", None)
+    found = {k: getattr(gc, k, None) for k in _AFTER_RECORDER} if gc is not None else {}
+    found = {k: v for k, v in found.items() if v is not None}
+    if not found:
+        yield
+        return
+    for item in found.items():
+        key = (item[0], repr(item[1]))
+        if key not in _warned:
+            _warned.add(key)
+            log.warning(
+                "the model's generation_config sets %s=%r: ignored when sampling rollouts "
+                "(only temperature, top_k and top_p apply, and recorded log-probs match them)",
+                *item,
+            )
+    neutral = copy.deepcopy(gc)
+    for k in found:
+        setattr(neutral, k, _AFTER_RECORDER[k])
+    model.generation_config = neutral
+    try:
+        yield
+    finally:
+        model.generation_config = gc
 
 
 class _LogprobRecorder(LogitsProcessor):
@@ -124,7 +173,10 @@ class HFGenerator:
         self.model.eval()
         try:
             enabled = self.dtype != torch.float32
-            with torch.autocast("cpu", dtype=self.dtype, enabled=enabled):
+            with (
+                torch.autocast("cpu", dtype=self.dtype, enabled=enabled),
+                neutral_generation_config(self.model),
+            ):
                 cache = self._prefill(ids, mask, params.n)
                 seqs = self.model.generate(
                     input_ids=ids.repeat_interleave(params.n, dim=0),

@@ -176,6 +176,7 @@ class AsyncVLLMGenerator:
         self.max_model_len = max_len
         self.eos_ids = stop_token_ids(tokenizer)
         self._token = object()
+        self._weights: tuple[Any, int] | None = None  # the model and version last synced
         self.last_sync_s = 0.0
         self.syncs = 0
 
@@ -194,10 +195,18 @@ class AsyncVLLMGenerator:
             raise RuntimeError("this AsyncVLLMGenerator is closed")
         return self._engine
 
+    def claim_engine(self) -> None:
+        """Make the shared engine hold this generator's weights again if another generator on
+        it (a mixture's fixed policy, or the actor) pushed its own since (issue #17)."""
+        eng = self._engine
+        if eng is not None and self._weights is not None and eng.pushed_by is not self._token:
+            self.sync_weights(*self._weights)
+
     def sync_weights(self, model: Any, version: int) -> None:
         """Push ``model``'s weights unless this generator already pushed this ``version``. Call
         it between steps: requests in flight would mix versions."""
         eng = self._live()
+        self._weights = (model, version)
         if eng.pushed_by is self._token and eng.pushed_version == version:
             return
         t0 = time.time()

@@ -211,6 +211,7 @@ class VLLMGenerator:
         self.max_model_len = max_len
         self.eos_ids = stop_token_ids(tokenizer)
         self._token = object()  # identifies this generator's pushes on a shared engine
+        self._weights: tuple[Any, int] | None = None  # the model and version last synced
         self.last_sync_s = 0.0
         self.syncs = 0
 
@@ -231,11 +232,19 @@ class VLLMGenerator:
             raise RuntimeError("this VLLMGenerator is closed")
         return self._engine.llm
 
+    def claim_engine(self) -> None:
+        """Make the shared engine hold this generator's weights again if another generator on
+        it (a mixture's fixed policy, or the actor) pushed its own since (issue #17)."""
+        eng = self._engine
+        if eng is not None and self._weights is not None and eng.pushed_by is not self._token:
+            self.sync_weights(*self._weights)
+
     def sync_weights(self, model: Any, version: int) -> None:
         """Push ``model``'s weights unless this generator already pushed this ``version``."""
         eng = self._engine
         if eng is None:
             raise RuntimeError("this VLLMGenerator is closed")
+        self._weights = (model, version)
         if eng.pushed_by is self._token and eng.pushed_version == version:
             return
         t0 = time.time()
@@ -250,6 +259,7 @@ class VLLMGenerator:
         if not prompts:
             return []
         check_prompts(prompts, self.max_model_len)
+        self.claim_engine()
         # Seeds from torch's global RNG: the trainer seeds it per step, so rollouts replay.
         seeds = torch.randint(0, MAX_SEED, (len(prompts),)).tolist()
         requests = [

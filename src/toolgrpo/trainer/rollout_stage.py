@@ -118,6 +118,7 @@ class RolloutStage:
         policies: list[str] = []
         with self._rollout_parts(step, tasks, generator) as parts:
             for p in parts:
+                p.activate()  # a shared vLLM engine gets this policy's weights back
                 # With the router, each rollout's route is sampled first and rewrites its prompt.
                 plan = self.router.plan(p.tasks, p.params.n) if self.router is not None else None
                 if self.episodes is not None:

@@ -356,7 +356,7 @@ class Trainer(RolloutStage):
 
     def close(self) -> None:
         """Stop what runs beside the trainer: Ray rollout workers, a vLLM engine, tool workers."""
-        for part in (self.pool, self.generator):
+        for part in (self.pool, self.generator, getattr(self, "mixture", None)):
             stop = getattr(part, "close", None)
             if stop is not None:
                 stop()
