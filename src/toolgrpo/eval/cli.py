@@ -54,9 +54,8 @@ def run_eval(
         label = apply_checkpoint(cfg, checkpoint)
     d = cfg.data
     # Data before the model: a bad file or an unscorable task fails in seconds, not after loading.
-    tasks = load_tasks(d.val_files, d.bad_rows, -1, check_task).tasks
-    if limit > 0:
-        tasks = tasks[:limit]
+    # --limit N: the first N tasks round-robin over the files, as data.val_max_samples takes them
+    tasks = load_tasks(d.val_files, d.bad_rows, limit, check_task).tasks
     out = Path(output) if output else Path(cfg.trainer.output_dir) / "eval.json"
     if plays_episodes(cfg, tasks):  # environment tasks: played as episodes (eval/multi_turn.py)
         return run_episode_eval(cfg, tasks, label, out, keep_samples, checkpoint)
