@@ -28,7 +28,7 @@ from toolgrpo.router.families import FamilyMap
 from toolgrpo.router.metrics import observe_metrics
 from toolgrpo.router.policy import RouterPolicy
 from toolgrpo.router.prompts import condition_messages, condition_start
-from toolgrpo.router.usage import CostModel, ToolUsage, usage_of_messages, usage_of_text
+from toolgrpo.router.usage import CostModel, ToolUsage, usage_of_episode, usage_of_text
 
 Condition = Callable[[EnvStart], EnvStart]
 
@@ -186,7 +186,7 @@ class RouterRuntime:
 
     def _usage(self, item: Any) -> ToolUsage:
         if isinstance(item, Episode):
-            return usage_of_messages(item.messages, self.families)
+            return usage_of_episode(item, self.families)
         comp = item[0]
         text = self.tokenizer.decode(comp.token_ids, skip_special_tokens=False)
         return usage_of_text(text, self.families)
