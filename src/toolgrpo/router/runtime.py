@@ -28,7 +28,9 @@ from toolgrpo.router.families import FamilyMap
 from toolgrpo.router.metrics import observe_metrics
 from toolgrpo.router.policy import RouterPolicy
 from toolgrpo.router.prompts import condition_messages, condition_start
+from toolgrpo.router.routes import ANSWER, CALCULATE, SEARCH
 from toolgrpo.router.usage import CostModel, ToolUsage, usage_of_episode, usage_of_text
+from toolgrpo.tools.types import ToolCall
 
 Condition = Callable[[EnvStart], EnvStart]
 
@@ -44,6 +46,22 @@ class RouteCondition:
 
     def __call__(self, start: EnvStart) -> EnvStart:
         return condition_start(start, self.route, self.families, self.family_tools_only)
+
+    def refuse(self, call: ToolCall) -> str | None:
+        """The error the model reads for a call its route does not offer, else None (the
+        environment runs it). ANSWER offers no tool at all; with ``family_tools_only`` a
+        SEARCH / CALCULATE route does not offer the other family's tools."""
+        if self.route == ANSWER:
+            return (
+                "Error: no tools are available on this route; answer directly without calling any."
+            )
+        if self.family_tools_only and call.name:
+            other = CALCULATE if self.route == SEARCH else SEARCH
+            if self.families.family(call.name) == other:
+                return (
+                    f"Error: tool {call.name!r} is not offered on this route; use the tools listed."
+                )
+        return None
 
 
 @dataclass
