@@ -200,3 +200,34 @@ def test_a_labeler_that_is_down_leaves_training_without_labels(make_train_config
     assert trainer.router.labels is None
     trainer.fit()
     assert read_metrics(tmp_path / "run")[0]["router/label_ce"] == 0.0
+
+
+def test_a_resume_with_other_route_prompts_is_refused(make_train_config, tmp_path, monkeypatch):
+    """Issue 18 item 1: router.pt keeps what shapes the route prompts (tool families after the
+    sidecar, family_tools_only, the cost model); a resume that would build other prompts for the
+    trained head is refused in one line (main restored the head silently)."""
+    from toolgrpo.errors import UserError, one_line
+    from toolgrpo.router.spec import SPEC_KEY
+
+    TOOL = "emailvalidation"  # offered by the third RLLA training row
+    monkeypatch.setattr(trainer_mod, "score", _varied_score)
+    sidecar = tmp_path / "families.json"
+    sidecar.write_text(json.dumps({TOOL: "CALCULATE"}))
+    out = tmp_path / "run"
+    extra = {**ROUTER, "router.freeze_lm": "true", "router.families_file": str(sidecar)}
+    extra["data.train_files"] = "[rlla:train]"
+    Trainer(make_train_config(steps=1, out=out, **extra)).fit()
+    state = torch.load(out / "checkpoints/global_step_1/router.pt", weights_only=True)
+    assert state[SPEC_KEY]["families"][TOOL] == "CALCULATE"
+    assert state[SPEC_KEY]["family_tools_only"] is False
+    sidecar.write_text(json.dumps({TOOL: "OTHER"}))  # same path, other families
+    with pytest.raises(UserError) as err:
+        Trainer(make_train_config(steps=2, out=out, **extra))
+    assert f"'{TOOL}' CALCULATE -> OTHER" in one_line(err.value) and "\n" not in str(err.value)
+    sidecar.write_text(json.dumps({TOOL: "CALCULATE"}))
+    with pytest.raises(UserError, match="family_tools_only"):
+        Trainer(
+            make_train_config(steps=2, out=out, **extra, **{"router.family_tools_only": "true"})
+        )
+    again = Trainer(make_train_config(steps=2, out=out, **extra))  # as trained: resumes
+    assert again.step == 1

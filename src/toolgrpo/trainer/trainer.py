@@ -27,9 +27,7 @@ from toolgrpo.config.schema import TrainConfig, as_dict
 from toolgrpo.config.validate import validate_train_config
 from toolgrpo.data.loader import load_tasks
 from toolgrpo.data.task import Task
-from toolgrpo.eval.episodes import summarize_episodes, summary_metrics
-from toolgrpo.eval.evaluate import check_scorable, evaluate, val_sampling_params
-from toolgrpo.eval.routes import greedy_routes, route_conditions
+from toolgrpo.eval.evaluate import check_scorable
 from toolgrpo.mixture import Mixture
 from toolgrpo.models.loading import load_policy, load_tokenizer
 from toolgrpo.models.registry import resolve_model
@@ -43,14 +41,14 @@ from toolgrpo.router.runtime import RouteCondition, RouterRuntime
 from toolgrpo.trainer import state as ckpt_state
 from toolgrpo.trainer.actor import Actor
 from toolgrpo.trainer.batch import Batch
-from toolgrpo.trainer.episode_metrics import episode_metrics
-from toolgrpo.trainer.episodes import EpisodeRunner, make_router, warn_env_failures
+from toolgrpo.trainer.episodes import EpisodeRunner, make_router
 from toolgrpo.trainer.metrics import NoSignalWatch, batch_metrics, negative_metrics
 from toolgrpo.trainer.replay import AsyncRollout
 from toolgrpo.trainer.resume import prepare_output_dir
 from toolgrpo.trainer.rollout_stage import Rolled, RolloutStage
 from toolgrpo.trainer.sampler import TaskSampler
 from toolgrpo.trainer.tracking import Tracker
+from toolgrpo.trainer.validation import validate
 
 log = logging.getLogger(__name__)
 
@@ -286,7 +284,9 @@ class Trainer(RolloutStage):
 
     def compute_advantages(self, batch: Batch) -> dict[str, float]:
         alg = self.cfg.algorithm
-        token_rewards = token_level_rewards(batch.scores_B, batch.response_mask_BR)
+        rt = self.router  # router.lm_reward=lagrangian: the LM pays the router's λ·cost too
+        scores_B = rt.lm_scores(batch.scores_B) if rt is not None else batch.scores_B
+        token_rewards = token_level_rewards(scores_B, batch.response_mask_BR)
         metrics: dict[str, float] = {}
         if alg.use_kl_in_reward:
             token_rewards, kl = apply_kl_in_reward(
@@ -311,44 +311,16 @@ class Trainer(RolloutStage):
             norm_adv_by_std_in_grpo=alg.norm_adv_by_std_in_grpo,
             is_negative_B=batch.is_negative,  # rolled-back attempts stay out of the baselines
         )
+        if rt is not None:  # router.lagrangian=advantage: A − λ·Z(cost)
+            metrics.update(rt.lm_advantages(batch))
         metrics.update(negative_metrics(batch))
         return metrics
 
     def validate(self, step: int) -> dict[str, float]:
-        """Same tasks and settings as ``toolgrpo eval`` (long prompts truncated, not dropped)."""
-        d = self.cfg.data
+        """Same tasks and settings as ``toolgrpo eval`` (trainer/validation.py)."""
         if self._val_tasks is None:
             self._val_tasks = self._read_val()
-        if self.episodes is not None:
-            params = val_sampling_params(self.cfg)
-            conds, routes = None, None
-            rt = self.router
-            if rt is not None:  # the router's argmax route per task, as toolgrpo eval plays it
-                picked = greedy_routes(rt.policy, self._val_tasks, d.max_prompt_length)
-                conds, routes = route_conditions(
-                    picked,
-                    params.n,
-                    lambda r: RouteCondition(r, rt.families, rt.rc.family_tools_only),
-                )
-            eps = self.episodes.play(
-                self._val_tasks, params, step, self.step, rollback=False, conditions=conds
-            )
-            warn_env_failures([e for e in eps if e.env_failure], self.episodes.router, step)
-            metrics = {f"val/{k}": v for k, v in episode_metrics(eps).items()}
-            # Per task type, exactly as ``toolgrpo eval`` reports them (eval/episodes.py).
-            metrics.update(summary_metrics(summarize_episodes(eps, routes=routes), "val"))
-            return metrics
-        res = evaluate(
-            self.generator,
-            self.tokenizer,
-            self._val_tasks,
-            val_sampling_params(self.cfg),
-            d.max_prompt_length,
-            step,
-            self.flags,
-            batch_size=d.val_batch_size,
-        )
-        return res.metrics("val")
+        return validate(self, self._val_tasks, step)
 
     def _read_val(self) -> list[Task]:
         d = self.cfg.data
