@@ -231,3 +231,47 @@ def test_a_resume_with_other_route_prompts_is_refused(make_train_config, tmp_pat
         )
     again = Trainer(make_train_config(steps=2, out=out, **extra))  # as trained: resumes
     assert again.step == 1
+
+
+@pytest.mark.parametrize(
+    "lm_reward, lagrangian, want",
+    [
+        ("task", "reward", (0.0, 0.0)),  # main: the LM saw r_task alone, tools were free
+        ("lagrangian", "reward", (-(0.5**0.5), 0.5**0.5)),  # Z(r − λ·cost), λ = 0.5
+        ("lagrangian", "advantage", (-0.5 * 0.5**0.5, 0.5 * 0.5**0.5)),  # Z(r) − λ·Z(cost)
+    ],
+)
+def test_the_lms_reward_carries_the_routers_price(
+    make_train_config, tmp_path, monkeypatch, lm_reward, lagrangian, want
+):
+    """Issue 18 item 2: with router.lm_reward=lagrangian the LM's advantages include the same
+    λ·cost as the router's (in the reward or at the advantage level), so a rollout that used a
+    tool ranks below one that reached the same task reward without (main: equal, advantage 0)."""
+    from itertools import cycle
+
+    from toolgrpo.router.runtime import RouterRuntime
+    from toolgrpo.router.usage import ToolUsage
+
+    monkeypatch.setattr(trainer_mod, "score", lambda *a: Score(1.0, 0.0, 1.0, 0.0, True, None))
+    used = cycle([ToolUsage({"SEARCH": 1}), ToolUsage()])  # each group: one with a tool, one not
+    monkeypatch.setattr(RouterRuntime, "_usage", lambda self, item: next(used))
+    extra = {
+        **ROUTER,
+        "router.lambda_init": "0.5",
+        "router.lm_reward": lm_reward,
+        "router.lagrangian": lagrangian,
+    }
+    trainer = Trainer(make_train_config(steps=1, out=tmp_path / "run", **extra))
+    seen = []
+    orig = trainer.compute_advantages
+
+    def spy(batch):
+        m = orig(batch)
+        seen.append(batch.advantages_BR[:, 0].tolist())
+        return m
+
+    trainer.compute_advantages = spy
+    trainer.fit()
+    adv = seen[0]
+    for tool, plain in zip(adv[0::2], adv[1::2], strict=True):
+        assert (tool, plain) == pytest.approx(want, abs=1e-4)
