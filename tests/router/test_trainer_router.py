@@ -275,3 +275,31 @@ def test_the_lms_reward_carries_the_routers_price(
     adv = seen[0]
     for tool, plain in zip(adv[0::2], adv[1::2], strict=True):
         assert (tool, plain) == pytest.approx(want, abs=1e-4)
+
+
+def test_no_route_is_cut_where_another_route_of_its_task_is_not(make_train_config, tmp_path):
+    """Issue 18 item 5: with data.filter_overlong_prompts=false, main rendered each route's
+    prompt with left truncation, so a task's longer routes lost their start while its shorter
+    ones did not. Now that is refused in one line; with the filter on such tasks are dropped."""
+    from toolgrpo.models.loading import load_tokenizer
+    from toolgrpo.rollout.prompts import route_lengths, split_routes
+    from toolgrpo.router.families import FamilyMap
+    from toolgrpo.router.runtime import RouteCondition
+
+    cfg = make_train_config(**ROUTER)
+    tok = load_tokenizer(cfg.actor_rollout_ref.model.path)
+    from toolgrpo.data.loader import load_tasks
+
+    tasks = load_tasks(cfg.data.train_files, max_samples=8).tasks
+    conds = [RouteCondition(r, FamilyMap()) for r in ("ANSWER", "SEARCH", "CALCULATE")]
+    lengths = route_lengths(tok, tasks, None, conds)
+    cut = min(max(x) for x in lengths) - 1  # every task's longest route is over, some fit
+    assert split_routes(tasks, lengths, cut) and min(min(x) for x in lengths) <= cut
+    limit = {"data.max_prompt_length": str(cut)}
+    with pytest.raises(ConfigError, match="under some router routes but not others") as err:
+        Trainer(make_train_config(**ROUTER, **limit))
+    assert "\n" not in str(err.value)
+    # With the filter, each task goes by its longest route: here every task has one over.
+    on = {**limit, "data.filter_overlong_prompts": "true"}
+    with pytest.raises(Exception, match="every prompt exceeds"):
+        Trainer(make_train_config(**ROUTER, **on))

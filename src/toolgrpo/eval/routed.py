@@ -10,7 +10,8 @@ the trainer's (``router.usage``), so cost vs budget here is what the budget cons
 
 from __future__ import annotations
 
-from collections import defaultdict
+import logging
+from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from statistics import fmean
@@ -22,12 +23,14 @@ from toolgrpo.eval.episodes import ALL, succeeded
 from toolgrpo.eval.routes import greedy_routes
 from toolgrpo.rollout.episode import Episode
 from toolgrpo.rollout.multi_turn import Condition
+from toolgrpo.rollout.prompts import route_lengths, split_routes
 from toolgrpo.router.catalog import env_tools
 from toolgrpo.router.families import FamilyMap, ToolInfo
 from toolgrpo.router.labeler import task_tools
 from toolgrpo.router.routes import ANSWER, CALCULATE, SEARCH
 from toolgrpo.router.usage import CostModel, usage_of_episode
 
+log = logging.getLogger(__name__)
 ROUTER = "router"
 BASELINES = ("always_answer", "always_family", "best_in_hindsight")
 PlayFn = Callable[[Sequence[Task], Sequence[Condition]], list[Episode]]
@@ -87,7 +90,22 @@ def play_routed(
     max_prompt_length: int,
     play: PlayFn,
 ) -> RoutedRun:
-    """The router's argmax route per task, played (with the baselines: every route played)."""
+    """The router's argmax route per task, played (with the baselines: every route played).
+    Tasks that some routes' prompts would cut and others not are left out, with a warning and a
+    count in the report: a route must not lose for its prompt's length."""
+    conds = [setup.condition(r) for r in setup.routes]
+    lengths = route_lengths(setup.policy.lm.tokenizer, tasks, setup.envs, conds)
+    split = set(split_routes(tasks, lengths, max_prompt_length))
+    excluded = Counter(tasks[i].task_type for i in split)
+    if split:
+        log.warning(
+            "routed eval leaves out %d task(s) that data.max_prompt_length=%d cuts under some "
+            "routes only (%s)",
+            len(split),
+            max_prompt_length,
+            ", ".join(f"{t}: {k}" for t, k in sorted(excluded.items())),
+        )
+        tasks = [t for i, t in enumerate(tasks) if i not in split]
     picked = greedy_routes(setup.policy, tasks, max_prompt_length)
     played = setup.routes if setup.baselines else None
     if played is None:
@@ -117,6 +135,7 @@ def play_routed(
         selections["best_in_hindsight"] = hindsight_routes(by_route, costs, played, len(tasks))
     report = {
         "budget": setup.budget,
+        "excluded_split_routes": dict(sorted(excluded.items())),
         "routes_played": list(played or sorted(set(picked))),
         "selections": {
             name: selection_summary(tasks, sel, by_route, costs, setup.budget)

@@ -148,6 +148,10 @@ class RouterRuntime:
     def _condition(self, route: str) -> Condition:
         return RouteCondition(route, self.families, self.rc.family_tools_only)
 
+    def route_conditions(self) -> list[RouteCondition]:
+        """One condition per route, in ``routes`` order (to measure every route's prompt)."""
+        return [RouteCondition(r, self.families, self.rc.family_tools_only) for r in self.routes]
+
     def rollout(
         self, plan: RoutePlan, generator: Any, params: SamplingParams
     ) -> list[tuple[Completion, str, Task]]:

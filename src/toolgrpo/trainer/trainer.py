@@ -36,8 +36,8 @@ from toolgrpo.rewards.types import RllaFlags
 from toolgrpo.rollout.backends import make_generator, sync_weights
 from toolgrpo.rollout.generator import SamplingParams
 from toolgrpo.rollout.hf import HFGenerator
-from toolgrpo.rollout.prompts import filter_overlong
-from toolgrpo.router.runtime import RouteCondition, RouterRuntime
+from toolgrpo.rollout.prompts import filter_overlong, refuse_split_routes
+from toolgrpo.router.runtime import RouterRuntime
 from toolgrpo.trainer import state as ckpt_state
 from toolgrpo.trainer.actor import Actor
 from toolgrpo.trainer.batch import Batch
@@ -131,8 +131,8 @@ class Trainer(RolloutStage):
         if cfg.router.enable:
             envs = self.episodes.router if self.episodes is not None else None
             self.router = RouterRuntime(cfg, self.policy, self.tasks, envs, self.actor)
-        if cfg.data.filter_overlong_prompts:  # judged on the opening the model sees
-            self._drop_overlong()
+        if cfg.data.filter_overlong_prompts or self.router is not None:
+            self._drop_overlong()  # judged on the opening the model sees, under every route
         self._val_tasks: list[Task] | None = None
         self.step = 0
         self._resume()
@@ -144,13 +144,14 @@ class Trainer(RolloutStage):
 
     def _drop_overlong(self) -> None:
         """verl's ``filter_overlong_prompts`` on the rendered opening: each environment's system
-        prompt and tool specs (multi-turn), and the longest route's note (router on)."""
+        prompt and tool specs (multi-turn), and every route's rewrite (router on). Without the
+        filter, the router refuses tasks that only some of their routes would cut."""
         envs = self.episodes.router if self.episodes is not None else None
-        routes = []
-        if self.router is not None:
-            rt = self.router
-            routes = [RouteCondition(r, rt.families, rt.rc.family_tools_only) for r in rt.routes]
+        routes = self.router.route_conditions() if self.router is not None else []
         d = self.cfg.data
+        if not d.filter_overlong_prompts:
+            refuse_split_routes(self.tokenizer, self.tasks, d.max_prompt_length, envs, routes)
+            return
         self.tasks = filter_overlong(self.tokenizer, self.tasks, d.max_prompt_length, envs, routes)
         self.sampler = TaskSampler(len(self.tasks), d.train_batch_size, d.seed, d.shuffle)
 
