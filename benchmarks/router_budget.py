@@ -191,9 +191,7 @@ def diagnose(s: dict[str, Any], rows: list[dict], free_rate: float | None) -> st
         return None
     b, cost, lam = s["budget"], s["cost_last_quarter"] or 0.0, s["lambda_last_quarter"] or 0.0
     if free_rate is not None and b >= free_rate - TOLERANCE and cost < b + TOLERANCE:
-        return (
-            f"the budget does not bind: unconstrained, the policy's tool rate is {free_rate:.2f}"
-        )
+        return f"the budget does not bind: unconstrained, the policy's tool rate is {free_rate:.2f}"
     floor = s["cost_by_route"].get("ANSWER")
     if cost > b and floor is not None and floor > b:
         return (
