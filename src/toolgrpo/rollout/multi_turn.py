@@ -169,14 +169,17 @@ async def _run_calls(
     ``not_offered`` error for each it refuses, in call order (refused calls still count as
     calls: the model wrote them)."""
     refusals = [refuse(c) if refuse is not None else None for c in calls]
+    if not any(r is not None for r in refusals):
+        return await env.step(calls)  # the environment's results, exactly as it gives them
     allowed = [c for c, r in zip(calls, refusals, strict=True) if r is None]
-    ran = iter(await env.step(allowed) if allowed else [])
-    return [
-        next(ran)
-        if r is None
-        else ToolResult(r, is_error=True, error_type="not_offered", name=c.name, call_id=c.id)
-        for c, r in zip(calls, refusals, strict=True)
-    ]
+    ran = list(await env.step(allowed)) if allowed else []
+    out: list[ToolResult] = []
+    for c, r in zip(calls, refusals, strict=True):
+        if r is not None:
+            out.append(ToolResult(r, True, "not_offered", c.name, c.id))
+        elif ran:
+            out.append(ran.pop(0))
+    return out + ran  # any results beyond one per call, as the environment gave them
 
 
 def _append_delta(
