@@ -285,7 +285,7 @@ class Trainer(RolloutStage):
 
     def compute_advantages(self, batch: Batch) -> dict[str, float]:
         alg = self.cfg.algorithm
-        rt = self.router  # router.lm_reward=lagrangian: the LM pays the router's λ·cost too
+        rt = getattr(self, "router", None)  # lm_reward=lagrangian: the LM pays λ·cost too
         scores_B = rt.lm_scores(batch.scores_B) if rt is not None else batch.scores_B
         token_rewards = token_level_rewards(scores_B, batch.response_mask_BR)
         metrics: dict[str, float] = {}
