@@ -1,16 +1,24 @@
-"""Budgeted tool router (issue #4): does dual ascent hold the mean tool cost at the budget B?
+"""Budgeted tool router (issues #4, #18): does the mean tool cost settle at the budget B on a
+task mix where routes matter, and where does the routed policy sit against fixed routes?
 
-One router-only run per budget (the LM frozen, only the router head and λ learn) over RLLA,
-calculator and search tasks played as multi-turn episodes. For each B: the final mean cost
-(mean over the last third of the steps) against B, the task reward, the route fractions
-overall and per task type, and λ; plus a PNG of λ and cost over the steps. When the cost does
-not settle within ±0.05 of B, the table says why (a cost floor, a budget that does not bind, or
-too few steps for λ to get there).
+Tasks: calculator (needs the calculator), search (needs search) and direct (answerable without
+tools), played as multi-turn episodes by ``smollm2-135m-agent`` (warm-started to follow route
+instructions). One run per budget B ∈ {0.1, 0.3, 0.6} and per ``router.lagrangian`` mode
+(``reward``: Z(r_task − λ·cost); ``advantage``: Z(r_task) − λ·Z(cost)), plus one unconstrained
+run (B = 1, so λ stays 0) that measures the tool rate the budget has to push down. The LM trains
+beside the router (``router.lm_reward=lagrangian``; ``--freeze-lm`` for router-only runs).
 
-Run by hand (SmolLM2: hours on a 2-core CPU):  python benchmarks/router_budget.py [--steps 30]
-Writes benchmarks/results/router_budget.json and router_budget.png (or ``--results DIR``) and
-prints one table (``--markdown`` for the README). ``key=value`` overrides apply to every run,
-e.g. a tiny model for a smoke test.
+Per run: the mean cost over the last quarter of the steps against B (settled within ±0.05?),
+λ there, the task reward and route fractions; and on held-out tasks (the last step's
+validation, argmax routes) the routed task reward against the fixed-route baselines: always
+ANSWER, always the task's tool family, best route per task in hindsight. When the cost does not
+settle, the table says why (a budget that does not bind, a cost floor, too few steps).
+
+Run by hand (SmolLM2: many hours on a 2-core CPU):
+    python benchmarks/router_budget.py [--steps 40] [--val-per-type 20]
+Writes benchmarks/results/router_budget.{json,png} (or ``--results DIR``) and prints one table
+(``--markdown`` for the README). ``key=value`` overrides apply to every run (e.g. a tiny model
+and ``--steps 2`` for a smoke test).
 """
 
 from __future__ import annotations
@@ -38,28 +46,35 @@ from toolgrpo.router.routes import ROUTES  # noqa: E402
 from toolgrpo.trainer.trainer import Trainer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-TASK_TYPES = ("rlla", "calculator", "search")
+DATA = ROOT / "src" / "toolgrpo" / "data" / "envs"
+TASK_TYPES = ("calculator", "search", "direct")
+MODES = ("reward", "advantage")
+SELECTIONS = ("router", "always_answer", "always_family", "best_in_hindsight")
+UNCONSTRAINED = 1.0  # the top of the `any` cost range: the budget never binds, λ stays 0
 MT = "actor_rollout_ref.rollout.multi_turn."
 BASE = [
-    "actor_rollout_ref.model.path=smollm2-135m-toolrl",
+    "actor_rollout_ref.model.path=smollm2-135m-agent",
     f"data.train_files=[{','.join(f'{t}:train' for t in TASK_TYPES)}]",
-    "data.val_files=[calculator:test]",
-    "data.train_batch_size=8",
-    "data.max_prompt_length=1536",
-    "data.max_response_length=256",
+    "data.train_batch_size=12",
+    "data.max_prompt_length=1024",
+    "data.max_response_length=768",
+    "data.filter_overlong_prompts=true",
     "actor_rollout_ref.rollout.n=4",
     "actor_rollout_ref.rollout.generation_batch_size=16",
-    "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=12",
     f"{MT}enable=true",
     f"{MT}max_tokens_per_turn=128",
+    f"{MT}max_tool_response_length=320",  # the warm start's gold search results fit
     f"{MT}envs.calculator.max_turns=3",
     f"{MT}envs.search.max_turns=3",
+    f"{MT}envs.direct.max_turns=2",
     "router.enable=true",
-    "router.freeze_lm=true",
     "router.lr=1.0",
-    "router.dual_lr=1.0",
+    "router.dual_lr=0.5",
     "router.lambda_init=0.0",
     "router.cost.mode=any",
+    "router.lm_reward=lagrangian",
+    "router.eval_baselines=true",
     "trainer.save_freq=-1",
     "trainer.max_checkpoints=1",
     "trainer.logger=[jsonl]",
@@ -69,29 +84,76 @@ BASE = [
 TOLERANCE = 0.05
 
 
-def run_budget(budget: float, overrides: list[str], out: Path) -> tuple[list[dict], float]:
-    """One router-only run at budget B; its per-step router metrics and wall time."""
+def write_val(path: Path, per_type: int) -> Path:
+    """Held-out tasks: the first ``per_type`` test tasks of each type, in one file (the
+    trainer's ``val_max_samples`` would take them from the first type only)."""
+    lines = []
+    for t in TASK_TYPES:
+        rows = (DATA / f"{t}_test.jsonl").read_text(encoding="utf-8").splitlines()
+        lines += [r for r in rows if r.strip()][:per_type]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def run_one(budget: float, mode: str, overrides: list[str], out: Path) -> tuple[list[dict], float]:
+    """One training run; its per-step router and validation metrics and its wall time."""
     cfg = load_config(
         TrainConfig,
         None,
-        [*BASE, *overrides, f"router.budget={budget}", f"trainer.output_dir={out}"],
+        [
+            *BASE,
+            *overrides,
+            f"router.budget={budget}",
+            f"router.lagrangian={mode}",
+            f"trainer.output_dir={out}",
+        ],
     )
     t0 = time.time()
     trainer = Trainer(cfg)
-    history = trainer.fit()
+    try:
+        history = trainer.fit()
+    finally:
+        trainer.close()
     seconds = time.time() - t0
     del trainer
     gc.collect()
+    keep = ("router/", "val/")
     rows = [
-        {"step": i + 1, **{k: float(v) for k, v in h.items() if k.startswith("router/")}}
+        {"step": i + 1, **{k: float(v) for k, v in h.items() if k.startswith(keep)}}
         for i, h in enumerate(history)
     ]
     return rows, seconds
 
 
-def summarize(rows: list[dict], budget: float, seconds: float) -> dict[str, Any]:
-    """Means over the last third of the steps (at least one): where the run settled."""
-    tail = rows[-max(1, len(rows) // 3) :]
+def held_out(rows: list[dict]) -> dict[str, Any]:
+    """The last validation's routed reward, accuracy and cost per task type, beside the
+    baselines' (``val/<type>/...`` and ``val/baseline/<name>/<type>/...``)."""
+    last = next((r for r in reversed(rows) if any(k.startswith("val/") for k in r)), {})
+    out: dict[str, Any] = {}
+    for t in (*TASK_TYPES, "all"):
+        if f"val/{t}/reward_mean" not in last:
+            continue
+        row = {
+            "router": {
+                "reward_mean": last.get(f"val/{t}/reward_mean"),
+                "accuracy": last.get(f"val/{t}/accuracy"),
+                "cost_mean": last.get(f"val/{t}/cost/mean"),
+                "route_frac": {r: last.get(f"val/{t}/route/{r}", 0.0) for r in ROUTES},
+            }
+        }
+        for name in SELECTIONS[1:]:
+            row[name] = {
+                k: last.get(f"val/baseline/{name}/{t}/{k}")
+                for k in ("reward_mean", "accuracy", "cost_mean")
+            }
+        out[t] = row
+    return out
+
+
+def summarize(rows: list[dict], budget: float, mode: str, seconds: float) -> dict[str, Any]:
+    """Means over the last quarter of the steps (at least one): where the run settled."""
+    tail = rows[-max(1, len(rows) // 4) :]
 
     def mean(key: str) -> float | None:
         vals = [r[key] for r in tail if key in r]
@@ -99,10 +161,10 @@ def summarize(rows: list[dict], budget: float, seconds: float) -> dict[str, Any]
 
     out: dict[str, Any] = {
         "budget": budget,
-        "final_cost": mean("router/cost/mean"),
+        "lagrangian": mode,
+        "cost_last_quarter": mean("router/cost/mean"),
+        "lambda_last_quarter": mean("router/lambda"),
         "task_reward": mean("router/task_reward/mean"),
-        "router_reward": mean("router/reward/mean"),
-        "lambda": rows[-1].get("router/lambda_next", rows[-1].get("router/lambda")),
         "route_frac": {r: mean(f"router/route_frac/{r}") for r in ROUTES},
         "cost_by_route": {r: mean(f"router/cost/{r}") for r in ROUTES},
         "by_task_type": {
@@ -114,22 +176,27 @@ def summarize(rows: list[dict], budget: float, seconds: float) -> dict[str, Any]
             for t in TASK_TYPES
             if any(f"router/{t}/cost/mean" in r for r in rows)
         },
+        "held_out": held_out(rows),
         "steps": len(rows),
         "seconds_per_step": seconds / max(len(rows), 1),
     }
-    out["settled"] = out["final_cost"] is not None and abs(out["final_cost"] - budget) <= TOLERANCE
-    out["why_not"] = None if out["settled"] else diagnose(out, rows)
+    cost = out["cost_last_quarter"]
+    out["settled"] = cost is not None and abs(cost - budget) <= TOLERANCE
     return out
 
 
-def diagnose(s: dict[str, Any], rows: list[dict]) -> str:
-    """Why the cost did not settle at B, from what the run logged."""
-    b, cost, lam = s["budget"], s["final_cost"] or 0.0, s["lambda"] or 0.0
+def diagnose(s: dict[str, Any], rows: list[dict], free_rate: float | None) -> str | None:
+    """Why the cost did not settle at B (None when it did), from what the run logged."""
+    if s["settled"]:
+        return None
+    b, cost, lam = s["budget"], s["cost_last_quarter"] or 0.0, s["lambda_last_quarter"] or 0.0
+    if free_rate is not None and b >= free_rate - TOLERANCE and cost < b + TOLERANCE:
+        return f"the budget does not bind: unconstrained, the policy's tool rate is {free_rate:.2f}"
     floor = s["cost_by_route"].get("ANSWER")
     if cost > b and floor is not None and floor > b:
         return (
-            f"cost floor: even the ANSWER route costs {floor:.2f} per example (the frozen LM "
-            f"still calls tools without them), so no routing reaches B={b}"
+            f"cost floor: even the ANSWER route costs {floor:.2f} per example (the LM still writes "
+            f"tool calls there), so no routing reaches B={b}"
         )
     if cost < b and lam <= 1e-6:
         return "the budget does not bind: with λ = 0 the router spends less than B"
@@ -148,39 +215,59 @@ def plot(runs: dict[str, dict[str, Any]], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax_l, ax_c) = plt.subplots(1, 2, figsize=(11, 4))
-    for run in runs.values():
-        rows, b = run["rows"], run["summary"]["budget"]
+    fig, (ax_l, ax_c, ax_r) = plt.subplots(1, 3, figsize=(16, 4.2))
+    styles = {"reward": "-", "advantage": "--"}
+    for name, run in runs.items():
+        rows, s = run["rows"], run["summary"]
         steps = [r["step"] for r in rows]
-        ax_l.plot(steps, [r.get("router/lambda", 0.0) for r in rows], marker=".", label=f"B={b}")
-        line = ax_c.plot(steps, [r.get("router/cost/mean", 0.0) for r in rows], marker=".")
-        line[0].set_label(f"B={b}")
-        ax_c.axhline(b, linestyle="--", color=line[0].get_color(), linewidth=1)
-    ax_l.set(xlabel="training step", ylabel="λ (price of a tool call)", title="λ over steps")
+        style = styles.get(s["lagrangian"], ":")
+        ax_l.plot(steps, [r.get("router/lambda", 0.0) for r in rows], style, label=name)
+        line = ax_c.plot(steps, [r.get("router/cost/mean", 0.0) for r in rows], style, label=name)
+        if s["budget"] < UNCONSTRAINED:
+            ax_c.axhline(s["budget"], linestyle=":", color=line[0].get_color(), linewidth=1)
+    ax_l.set(xlabel="training step", ylabel="λ (price of a tool call)", title="λ")
     ax_c.set(xlabel="training step", ylabel="mean tool cost per example", title="cost vs budget")
     ax_c.set_ylim(bottom=0)
-    for ax in (ax_l, ax_c):
-        ax.legend(fontsize=8)
+    # Held-out reward: each run's routed policy beside the fixed routes (from the first run
+    # that has them; baselines depend on the LM, so each run has its own, shown as markers).
+    names = list(runs)
+    for k, sel in enumerate(SELECTIONS):
+        ys = [
+            ((runs[n]["summary"]["held_out"].get("all") or {}).get(sel) or {}).get("reward_mean")
+            for n in names
+        ]
+        xs = [i for i, y in enumerate(ys) if y is not None]
+        ax_r.plot(xs, [ys[i] for i in xs], "o" if sel == "router" else "x", label=sel, ms=6 - k)
+    ax_r.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=7)
+    ax_r.set(ylabel="held-out task reward (all types)", title="routed vs fixed routes")
+    for ax in (ax_l, ax_c, ax_r):
+        ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
 
+def _fmt(x: float | None, spec: str = ".3f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
 def table(runs: dict[str, dict[str, Any]], markdown: bool) -> None:
-    head = ["B", "final cost", "settled", "task reward", "λ", *ROUTES, "s/step"]
+    head = ["run", "cost (last ¼)", "settled", "λ", "task reward", *ROUTES]
+    head += [f"held-out {s}" for s in SELECTIONS]
     lines = []
-    for run in runs.values():
+    for name, run in runs.items():
         s = run["summary"]
         f = s["route_frac"]
+        ho = s["held_out"].get("all", {})
         lines.append(
             [
-                f"{s['budget']:.2f}",
-                f"{s['final_cost']:.3f}",
-                "yes" if s["settled"] else "no",
-                f"{s['task_reward']:.3f}",
-                f"{s['lambda']:.3f}",
-                *(f"{f[r]:.2f}" for r in ROUTES),
-                f"{s['seconds_per_step']:.1f}",
+                name,
+                _fmt(s["cost_last_quarter"]),
+                "-" if s["budget"] >= UNCONSTRAINED else ("yes" if s["settled"] else "no"),
+                _fmt(s["lambda_last_quarter"]),
+                _fmt(s["task_reward"]),
+                *(_fmt(f[r], ".2f") for r in ROUTES),
+                *(_fmt((ho.get(sel) or {}).get("reward_mean")) for sel in SELECTIONS),
             ]
         )
     if markdown:
@@ -189,40 +276,59 @@ def table(runs: dict[str, dict[str, Any]], markdown: bool) -> None:
         for row in lines:
             print("| " + " | ".join(row) + " |")
     else:
-        t = Table(title="Budgeted router: mean tool cost vs budget (last third of the steps)")
+        t = Table(title="Budgeted router: tool cost vs budget, and held-out reward vs fixed routes")
         for h in head:
             t.add_column(h, justify="right")
         for row in lines:
             t.add_row(*row)
-        Console(width=120).print(t)
-    for run in runs.values():
-        if run["summary"]["why_not"]:
-            print(f"B={run['summary']['budget']}: {run['summary']['why_not']}")
+        Console(width=200).print(t)
+    for name, run in runs.items():
+        if run["summary"].get("why_not"):
+            print(f"{name}: {run['summary']['why_not']}")
 
 
 def main(argv: list[str]) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--budgets", type=float, nargs="+", default=[0.1, 0.3, 0.6])
-    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--val-per-type", type=int, default=20, help="held-out tasks per task type")
+    ap.add_argument("--freeze-lm", action="store_true", help="router-only runs (LM frozen)")
+    ap.add_argument("--no-unconstrained", action="store_true", help="skip the B = 1 run")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results")
     ap.add_argument("--work", type=Path, default=None, help="run directories (default: a tmp dir)")
     ap.add_argument("--markdown", action="store_true", help="print the table as markdown")
     args, extra = ap.parse_known_args(argv)
     work = args.work or Path(tempfile.mkdtemp(prefix="toolgrpo_router_budget_"))
+    val = write_val(work / "val.jsonl", args.val_per_type)
     overrides = [
+        f"data.val_files=[{val}]",
         f"trainer.total_training_steps={args.steps}",
+        f"trainer.test_freq={args.steps}",  # held-out eval (with baselines) at the last step
         f"trainer.seed={args.seed}",
         f"data.seed={args.seed}",
+        f"router.freeze_lm={str(args.freeze_lm).lower()}",
         *extra,
     ]
+    plan = [] if args.no_unconstrained else [("unconstrained", UNCONSTRAINED, "reward")]
+    plan += [(f"B={b} {m}", b, m) for b in args.budgets for m in args.modes]
     runs: dict[str, dict[str, Any]] = {}
-    for b in args.budgets:
-        rows, seconds = run_budget(b, overrides, work / f"budget_{b}")
-        runs[f"{b}"] = {"summary": summarize(rows, b, seconds), "rows": rows}
+    for name, b, mode in plan:
+        rows, seconds = run_one(b, mode, overrides, work / name.replace(" ", "_"))
+        runs[name] = {"summary": summarize(rows, b, mode, seconds), "rows": rows}
+    free = runs.get("unconstrained", {}).get("summary", {}).get("cost_last_quarter")
+    for run in runs.values():
+        if run["summary"]["budget"] < UNCONSTRAINED:
+            run["summary"]["why_not"] = diagnose(run["summary"], run["rows"], free)
     args.results.mkdir(parents=True, exist_ok=True)
     result = {
-        "what": "router-only training (LM frozen) per budget B; cost = any tool call (0/1)",
+        "what": (
+            "router + LM training per budget B and lagrangian mode on calculator/search/direct; "
+            "cost = any tool call (0/1); cost and λ: means over the last quarter of the steps; "
+            "held_out: the last step's validation, argmax routes, with fixed-route baselines"
+        ),
+        "unconstrained_tool_rate": free,
         "overrides": [*BASE, *overrides],
         "tolerance": TOLERANCE,
         "runs": runs,

@@ -49,3 +49,41 @@ def test_dual_update_is_projected_ascent():
     assert dual_update(0.5, mean_cost=0.8, budget=0.3, lr=2.0) == pytest.approx(1.5)
     assert dual_update(0.5, mean_cost=0.0, budget=0.3, lr=2.0) == 0.0  # never below zero
     assert dual_update(0.5, mean_cost=0.3, budget=0.3, lr=2.0) == 0.5
+
+
+def test_group_z_normalises_within_groups_and_skips_negatives():
+    """Issue 18 item 4: Z is GRPO's within-group normalisation; negatives get 0."""
+    from toolgrpo.algos.router import group_z
+
+    z = group_z(torch.tensor([1.0, 3.0, 2.0, 2.0, 9.0]), list("aabbb"), True, [0, 0, 0, 0, 1])
+    s = math.sqrt(2.0)
+    assert z.tolist() == pytest.approx([-1 / s, 1 / s, 0.0, 0.0, 0.0], rel=1e-5)
+
+
+def test_advantage_level_lagrangian_matches_the_formula():
+    """Issue 18 item 4: A = Z(r_task) − λ·Z(cost), each normalised in its own group, against a
+    hand computation; the reward mode is GRPO of r − λ·cost."""
+    from toolgrpo.algos.router import lagrangian_advantages
+
+    task = torch.tensor([1.0, 0.0, 0.5, 0.5, 0.2, 0.4])
+    cost = torch.tensor([1.0, 0.0, 1.0, 0.0, 0.0, 0.0])
+    uids = ["a", "a", "b", "b", "c", "c"]
+    adv = lagrangian_advantages(task, cost, 0.5, uids, "advantage")
+    s = math.sqrt(0.5)  # unbiased std of any two distinct values d apart is d/sqrt(2)
+    # a: Z(task) = (±0.5)/s, Z(cost) = ±0.5/s; b: equal tasks -> 0, Z(cost) = ±0.5/s;
+    # c: Z(task) = ±1/sqrt(2), equal costs -> Z(cost) = 0
+    want = [
+        0.5 / s - 0.5 * 0.5 / s,
+        -0.5 / s + 0.5 * 0.5 / s,
+        -0.5 * 0.5 / s,
+        0.5 * 0.5 / s,
+        -1 / math.sqrt(2),
+        1 / math.sqrt(2),
+    ]
+    assert adv.tolist() == pytest.approx(want, rel=1e-4)
+    # The reward mode: GRPO over r − λ·cost. In group b it differs from the advantage mode:
+    # the whole spread is the cost, so the same λ moves the advantage by ±1/sqrt(2).
+    rew = lagrangian_advantages(task, cost, 0.5, uids, "reward")
+    assert rew[2:4].tolist() == pytest.approx([-1 / math.sqrt(2), 1 / math.sqrt(2)], rel=1e-4)
+    with pytest.raises(ValueError, match="lagrangian mode"):
+        lagrangian_advantages(task, cost, 0.5, uids, "bogus")

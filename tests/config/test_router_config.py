@@ -26,6 +26,12 @@ def test_defaults_are_valid_and_off():
         (["router.routes=[ANSWER,BROWSE]"], r"router.routes\[1\]: unknown route 'BROWSE'"),
         (["router.routes=[ANSWER,ANSWER]"], "at least 2 distinct routes"),
         (["router.pooling=max"], "router.pooling='max'"),
+        (["router.lm_reward=both"], "router.lm_reward='both'"),  # issue 18
+        (["router.lagrangian=adv"], "router.lagrangian='adv'"),
+        (
+            ["router.enable=true", "router.lagrangian=advantage", "algorithm.adv_estimator=gae"],
+            "router.lagrangian=advantage normalises cost within GRPO groups",
+        ),
         (["router.cost.mode=tokens"], "router.cost.mode='tokens'"),
         (["router.budget=1.5"], r"router.budget=1.5 must lie in \[0, 1\]"),
         (["router.budget=-0.1"], r"must lie in \[0, 1\]"),

@@ -169,6 +169,26 @@ def test_routed_eval_of_a_router_checkpoint_agrees_with_validation(
     answer = [s for s in res["samples"] if s["route"] == "ANSWER"]
     for s in answer:  # an ANSWER-routed episode opens without tools
         assert "<tools>" not in s["messages"][0]["content"]
+    # Issue 18 item 1: cost vs budget per task type and the fixed-route baselines, in the same
+    # report (main reported route shares only).
+    sel = res["routing"]["selections"]
+    assert set(sel) == {"router", "always_answer", "always_family", "best_in_hindsight"}
+    assert res["routing"]["budget"] == pytest.approx(0.3)
+    for t in ("calculator", "search", "direct", "all"):
+        assert sel["router"][t]["cost_minus_budget"] == pytest.approx(
+            sel["router"][t]["cost_mean"] - 0.3
+        )
+        best = sel["best_in_hindsight"][t]["reward_mean"]
+        assert all(best >= sel[k][t]["reward_mean"] - 1e-9 for k in sel)
+    assert sel["always_answer"]["all"]["route_frac"] == {"ANSWER": 1.0}
+    fam = {t: sel["always_family"][t]["route_frac"] for t in ("calculator", "search", "direct")}
+    assert fam == {
+        "calculator": {"CALCULATE": 1.0},
+        "search": {"SEARCH": 1.0},
+        "direct": {"ANSWER": 1.0},
+    }
+    assert "val/calculator/cost_minus_budget" in res["metrics"]
+    assert "val/baseline/best_in_hindsight/all/reward_mean" in res["metrics"]
 
 
 def test_router_enable_without_a_head_is_refused(tiny_model_dir, env_val_file, tmp_path, capsys):

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from toolgrpo.algos.router import router_advantages, router_rewards
+from toolgrpo.algos.router import lagrangian_advantages, router_advantages, router_rewards
 from toolgrpo.router.budget import Budget
 from toolgrpo.router.policy import RouterPolicy
 from toolgrpo.router.routes import ROUTES
@@ -72,3 +72,79 @@ def test_dual_ascent_meets_the_budget_with_the_best_routes(budget, best):
     chosen = tuple(ROUTES[int(i)] for i in res["probs"].argmax(-1))
     assert chosen == best, res
     assert res["lam"] > 0  # the budget binds: tools have a price
+
+
+# ---- the LM learns too (issue 18) ---------------------------------------------------------------
+LM_STEPS = 1200  # the eager LM's unlearning of ANSWER calls comes first
+
+
+def run_bandit_with_lm(
+    budget: float, lagrangian: str, lm_reward: str, gate: bool, seed: int = 0, steps: int = LM_STEPS
+) -> dict:
+    """The bandit above with a learning LM: under each (type, route) it calls a tool with
+    probability sigmoid(θ), θ trained by GRPO on its own reward. It starts eager (p = 0.8
+    everywhere, ANSWER included). A tool route's call earns that route's reward, no call the
+    ANSWER reward. Under ANSWER with ``gate`` (the route runs no tool) a call earns the ANSWER
+    reward and still costs; without it (main) the call runs and earns the type's best tool
+    reward for free under ``lm_reward=task``."""
+    torch.manual_seed(seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    centers = torch.randn(len(TYPES), H, generator=g)
+    freqs = torch.tensor([f for f, _ in TYPES.values()])
+    rewards = torch.tensor([r for _, r in TYPES.values()])
+    best_tool = rewards[:, 1:].max(-1).values
+    lm = SimpleNamespace(base=SimpleNamespace(config=SimpleNamespace(hidden_size=H)))
+    router = RouterPolicy(lm, ROUTES, lr=1.0)
+    dual = Budget(budget, lam=0.0, dual_lr=0.05, update_every=1)
+    theta = torch.full((len(TYPES), len(ROUTES)), 1.4)  # logit of "calls a tool"
+    costs, lams = [], []
+    for _ in range(steps):
+        kind = torch.multinomial(freqs, T, replacement=True, generator=g).repeat_interleave(N)
+        feats = centers[kind] + 0.1 * torch.randn(T * N, H, generator=g)
+        action = router.act(feats).router_action
+        p_call = torch.sigmoid(theta[kind, action])
+        called = (torch.rand(T * N, generator=g) < p_call).float()
+        answer_r = rewards[kind, 0]
+        tool_r = torch.where(
+            action == 0, answer_r if gate else best_tool[kind], rewards[kind, action]
+        )
+        task = torch.where(called > 0, tool_r, answer_r) + 0.1 * torch.randn(T * N, generator=g)
+        cost = called
+        uids = [str(i // N) for i in range(T * N)]
+        adv = lagrangian_advantages(task, cost, dual.lam, uids, lagrangian)
+        router.update(feats, action, adv, entropy_coeff=0.01)
+        lm_adv = adv if lm_reward == "lagrangian" else router_advantages(task, uids)
+        grad = torch.zeros_like(theta).index_put_(
+            (kind, action), lm_adv * (called - p_call), accumulate=True
+        )
+        count = torch.zeros_like(theta).index_put_(
+            (kind, action), torch.ones(T * N), accumulate=True
+        )
+        theta += 0.5 * grad / count.clamp(min=1)
+        dual.observe(cost.tolist())
+        dual.step()
+        costs.append(float(cost.mean()))
+        lams.append(dual.lam)
+    return {
+        "last_cost": fmean(costs[-steps // 4 :]),
+        "lam": fmean(lams[-steps // 4 :]),
+        "p_call_answer": torch.sigmoid(theta[:, 0]).tolist(),
+    }
+
+
+@pytest.mark.parametrize("lagrangian", ["reward", "advantage"])
+def test_a_learning_lm_still_meets_the_budget(lagrangian):
+    """Issue 18: the LM is not frozen. With ANSWER running no tool and the LM paying λ·cost too,
+    the LM unlearns calling under ANSWER and the mean cost over the last quarter settles at B."""
+    res = run_bandit_with_lm(0.3, lagrangian, "lagrangian", gate=True)
+    assert abs(res["last_cost"] - 0.3) <= 0.05, res
+    assert res["lam"] > 0, res
+    assert max(res["p_call_answer"]) < 0.2, res  # the LM obeys ANSWER
+
+
+def test_main_semantics_let_the_lm_defeat_the_budget():
+    """What issue 18 fixes: tools run under ANSWER and the LM trains on r_task alone, so the LM
+    learns to call tools whatever the route says and no λ brings the cost down to B."""
+    res = run_bandit_with_lm(0.3, "reward", "task", gate=False, steps=600)
+    assert res["last_cost"] > 0.3 + 0.2, res
+    assert min(res["p_call_answer"]) > 0.8, res

@@ -63,3 +63,25 @@ def test_forced_route_and_a_bad_one(tiny_model_dir, capsys):
     assert "route: CALCULATE" in text and "exact computation" in ep.messages[0]["content"]
     argv = ["infer", "--route", "BROWSE", f"actor_rollout_ref.model.path={tiny_model_dir}", "hi"]
     assert main(argv) == 2 and "unknown route 'BROWSE'" in capsys.readouterr().err
+
+
+def test_infer_plays_a_checkpoint_with_its_saved_families_and_gates():
+    """Issue 18 item 1: ``toolgrpo infer`` builds a route's prompt from the families saved in
+    router.pt (main re-derived them from the heuristic and the current families_file), and its
+    ANSWER route refuses calls as training's does."""
+    import asyncio
+
+    from toolgrpo.data.loader import load_tasks
+    from toolgrpo.envs.registry import EnvRouter
+    from toolgrpo.router.infer import conditioner
+    from toolgrpo.tools.types import ToolCall
+
+    task = load_tasks(["calculator:train"], max_samples=1).tasks[0]
+    start = asyncio.run(EnvRouter().make(task).reset())
+    spec = {"families": {"calculate": "SEARCH", "solve": "CALCULATE"}, "family_tools_only": True}
+    cond = conditioner("SEARCH", spec=spec)
+    kept = [s["function"]["name"] for s in cond(start).tools]
+    assert kept == ["calculate"]  # saved: calculate is a SEARCH tool here; solve is dropped
+    assert cond.refuse(ToolCall("solve")) and cond.refuse(ToolCall("calculate")) is None
+    answer = conditioner("ANSWER")
+    assert answer(start).tools == [] and answer.refuse(ToolCall("calculate")).startswith("Error")

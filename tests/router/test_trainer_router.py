@@ -132,6 +132,8 @@ def test_multi_turn_episodes_open_with_their_route(make_train_config, tmp_path):
         "router.freeze_lm": "true",
         "data.train_files": "[calculator:train,rlla:train]",
         "data.max_samples": "-1",
+        # Some RLLA rows fit 4096 tiny-tokenizer tokens under ANSWER only: drop them (#18 item 5)
+        "data.filter_overlong_prompts": "true",
         "data.max_response_length": "24",
         f"{MT}enable": "true",
         f"{MT}max_tokens_per_turn": "8",
@@ -200,3 +202,106 @@ def test_a_labeler_that_is_down_leaves_training_without_labels(make_train_config
     assert trainer.router.labels is None
     trainer.fit()
     assert read_metrics(tmp_path / "run")[0]["router/label_ce"] == 0.0
+
+
+def test_a_resume_with_other_route_prompts_is_refused(make_train_config, tmp_path, monkeypatch):
+    """Issue 18 item 1: router.pt keeps what shapes the route prompts (tool families after the
+    sidecar, family_tools_only, the cost model); a resume that would build other prompts for the
+    trained head is refused in one line (main restored the head silently)."""
+    from toolgrpo.errors import UserError, one_line
+    from toolgrpo.router.spec import SPEC_KEY
+
+    TOOL = "emailvalidation"  # offered by the third RLLA training row
+    monkeypatch.setattr(trainer_mod, "score", _varied_score)
+    sidecar = tmp_path / "families.json"
+    sidecar.write_text(json.dumps({TOOL: "CALCULATE"}))
+    out = tmp_path / "run"
+    extra = {**ROUTER, "router.freeze_lm": "true", "router.families_file": str(sidecar)}
+    extra["data.train_files"] = "[rlla:train]"
+    Trainer(make_train_config(steps=1, out=out, **extra)).fit()
+    state = torch.load(out / "checkpoints/global_step_1/router.pt", weights_only=True)
+    assert state[SPEC_KEY]["families"][TOOL] == "CALCULATE"
+    assert state[SPEC_KEY]["family_tools_only"] is False
+    sidecar.write_text(json.dumps({TOOL: "OTHER"}))  # same path, other families
+    with pytest.raises(UserError) as err:
+        Trainer(make_train_config(steps=2, out=out, **extra))
+    assert f"'{TOOL}' CALCULATE -> OTHER" in one_line(err.value) and "\n" not in str(err.value)
+    sidecar.write_text(json.dumps({TOOL: "CALCULATE"}))
+    with pytest.raises(UserError, match="family_tools_only"):
+        Trainer(
+            make_train_config(steps=2, out=out, **extra, **{"router.family_tools_only": "true"})
+        )
+    again = Trainer(make_train_config(steps=2, out=out, **extra))  # as trained: resumes
+    assert again.step == 1
+
+
+@pytest.mark.parametrize(
+    "lm_reward, lagrangian, want",
+    [
+        ("task", "reward", (0.0, 0.0)),  # main: the LM saw r_task alone, tools were free
+        ("lagrangian", "reward", (-(0.5**0.5), 0.5**0.5)),  # Z(r − λ·cost), λ = 0.5
+        ("lagrangian", "advantage", (-0.5 * 0.5**0.5, 0.5 * 0.5**0.5)),  # Z(r) − λ·Z(cost)
+    ],
+)
+def test_the_lms_reward_carries_the_routers_price(
+    make_train_config, tmp_path, monkeypatch, lm_reward, lagrangian, want
+):
+    """Issue 18 item 2: with router.lm_reward=lagrangian the LM's advantages include the same
+    λ·cost as the router's (in the reward or at the advantage level), so a rollout that used a
+    tool ranks below one that reached the same task reward without (main: equal, advantage 0)."""
+    from itertools import cycle
+
+    from toolgrpo.router.runtime import RouterRuntime
+    from toolgrpo.router.usage import ToolUsage
+
+    monkeypatch.setattr(trainer_mod, "score", lambda *a: Score(1.0, 0.0, 1.0, 0.0, True, None))
+    used = cycle([ToolUsage({"SEARCH": 1}), ToolUsage()])  # each group: one with a tool, one not
+    monkeypatch.setattr(RouterRuntime, "_usage", lambda self, item: next(used))
+    extra = {
+        **ROUTER,
+        "router.lambda_init": "0.5",
+        "router.lm_reward": lm_reward,
+        "router.lagrangian": lagrangian,
+    }
+    trainer = Trainer(make_train_config(steps=1, out=tmp_path / "run", **extra))
+    seen = []
+    orig = trainer.compute_advantages
+
+    def spy(batch):
+        m = orig(batch)
+        seen.append(batch.advantages_BR[:, 0].tolist())
+        return m
+
+    trainer.compute_advantages = spy
+    trainer.fit()
+    adv = seen[0]
+    for tool, plain in zip(adv[0::2], adv[1::2], strict=True):
+        assert (tool, plain) == pytest.approx(want, abs=1e-4)
+
+
+def test_no_route_is_cut_where_another_route_of_its_task_is_not(make_train_config, tmp_path):
+    """Issue 18 item 5: with data.filter_overlong_prompts=false, main rendered each route's
+    prompt with left truncation, so a task's longer routes lost their start while its shorter
+    ones did not. Now that is refused in one line; with the filter on such tasks are dropped."""
+    from toolgrpo.models.loading import load_tokenizer
+    from toolgrpo.rollout.prompts import route_lengths, split_routes
+    from toolgrpo.router.families import FamilyMap
+    from toolgrpo.router.runtime import RouteCondition
+
+    cfg = make_train_config(**ROUTER)
+    tok = load_tokenizer(cfg.actor_rollout_ref.model.path)
+    from toolgrpo.data.loader import load_tasks
+
+    tasks = load_tasks(cfg.data.train_files, max_samples=8).tasks
+    conds = [RouteCondition(r, FamilyMap()) for r in ("ANSWER", "SEARCH", "CALCULATE")]
+    lengths = route_lengths(tok, tasks, None, conds)
+    cut = min(max(x) for x in lengths) - 1  # every task's longest route is over, some fit
+    assert split_routes(tasks, lengths, cut) and min(min(x) for x in lengths) <= cut
+    limit = {"data.max_prompt_length": str(cut)}
+    with pytest.raises(ConfigError, match="under some router routes but not others") as err:
+        Trainer(make_train_config(**ROUTER, **limit))
+    assert "\n" not in str(err.value)
+    # With the filter, each task goes by its longest route: here every task has one over.
+    on = {**limit, "data.filter_overlong_prompts": "true"}
+    with pytest.raises(Exception, match="every prompt exceeds"):
+        Trainer(make_train_config(**ROUTER, **on))

@@ -1,5 +1,6 @@
 """The budgeted router's objective as pure tensor functions: a Lagrangian reward, GRPO
-advantages over it, a policy-gradient loss over route choices, and the dual step on λ."""
+advantages over it (or the advantage-level Lagrangian), a policy-gradient loss over route
+choices, and the dual step on λ."""
 
 from __future__ import annotations
 
@@ -22,6 +23,53 @@ def router_advantages(
     ones = torch.ones(rewards_B.shape[0], 1)
     adv_B1, _ = compute_grpo_advantages(rewards_B.float(), ones, uids, norm_by_std)
     return adv_B1[:, 0].float()
+
+
+LAGRANGIAN_MODES = ("reward", "advantage")
+
+
+def group_z(
+    values_B: torch.Tensor,
+    uids: Sequence[Hashable],
+    norm_by_std: bool = True,
+    is_negative_B: Sequence[bool] | None = None,
+) -> torch.Tensor:
+    """Z within each uid group, one scalar per row: GRPO's (v − mean)/(std + ε), or v − mean
+    (Dr.GRPO). Rows flagged ``is_negative_B`` (rolled-back attempts) get 0: they are no sample
+    of the group's cost."""
+    ones = torch.ones(values_B.shape[0], 1)
+    flags = list(is_negative_B) if is_negative_B is not None else [False] * values_B.shape[0]
+    real = [i for i, neg in enumerate(flags) if not neg]
+    out = torch.zeros(values_B.shape[0], dtype=torch.float32)
+    if real:
+        z_B1, _ = compute_grpo_advantages(
+            values_B[real].float(), ones[real], [uids[i] for i in real], norm_by_std
+        )
+        out[real] = z_B1[:, 0].float()
+    return out
+
+
+def lagrangian_advantages(
+    task_B: torch.Tensor,
+    cost_B: torch.Tensor,
+    lam: float,
+    uids: Sequence[Hashable],
+    mode: str = "reward",
+    norm_by_std: bool = True,
+) -> torch.Tensor:
+    """One advantage per rollout under the budget's Lagrangian.
+
+    ``reward``: A = Z(r_task − λ·cost), the Lagrangian in the reward. ``advantage``:
+    A = Z(r_task) − λ·Z(cost), task reward and cost normalised separately in each group. Under
+    std normalisation the first rescales λ·cost by each group's reward spread (a group of
+    near-equal rewards makes the same λ weigh far more), so λ means something different in every
+    group; the second keeps λ the exchange rate between two unit-scale signals."""
+    if mode == "reward":
+        return router_advantages(router_rewards(task_B, cost_B, lam), uids, norm_by_std)
+    if mode == "advantage":
+        z_task = group_z(task_B, uids, norm_by_std)
+        return z_task - float(lam) * group_z(cost_B, uids, norm_by_std)
+    raise ValueError(f"unknown lagrangian mode {mode!r}; known: {', '.join(LAGRANGIAN_MODES)}")
 
 
 def route_entropy(logits_BK: torch.Tensor) -> torch.Tensor:

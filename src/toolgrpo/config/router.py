@@ -13,6 +13,9 @@ An example (defaults are in ``RouterConfig``)::
       dual_lr: 0.1           # η in λ ← max(0, λ + η·(mean_cost − B))
       update_every: 1        # K: steps per dual step
       cost: {mode: any, c_search: 1.0, c_calc: 1.0, c_other: 1.0, max_calls: 4}
+      lm_reward: lagrangian  # the LM trains on r_task − λ·cost too (task: on r_task alone)
+      lagrangian: reward     # reward: Z(r_task − λ·cost) | advantage: Z(r_task) − λ·Z(cost)
+      eval_baselines: true   # eval and validation also play every task under every route
       families_file: ""      # sidecar {tool: SEARCH|CALCULATE|OTHER} overriding the heuristic
       label_file: ""         # weak labels from ``toolgrpo label``; label_coeff weighs them
 
@@ -30,6 +33,8 @@ from toolgrpo.router.routes import ROUTES, UnknownRoute, check_name
 
 COST_MODES = ("any", "family", "calls")
 POOLINGS = ("last", "mean")
+LM_REWARDS = ("lagrangian", "task")
+LAGRANGIANS = ("reward", "advantage")
 
 
 @dataclass
@@ -75,6 +80,17 @@ class RouterConfig:
     label_file: str = ""
     label_coeff: float = 0.0
     labeler: RouterLabelerConfig = field(default_factory=RouterLabelerConfig)
+    # What the LM's own GRPO/PPO reward is: ``lagrangian`` = r_task − λ·cost (the router's λ,
+    # the same step), so the LM gains nothing by calling tools a route did not ask for; ``task``
+    # = r_task alone (the LM then learns to call tools whatever the route says).
+    lm_reward: str = "lagrangian"
+    # Where λ·cost enters: ``reward`` (A = Z(r_task − λ·cost)) or ``advantage``
+    # (A = Z(r_task) − λ·Z(cost), each normalised within the group); for the router and, with
+    # lm_reward=lagrangian, for the LM.
+    lagrangian: str = "reward"
+    # Routed eval and validation also play every task under every route: the fixed-route
+    # baselines (always ANSWER, always the task's family, best route in hindsight); K× episodes.
+    eval_baselines: bool = True
 
 
 def max_cost(c: RouterCostConfig) -> float:
@@ -103,6 +119,12 @@ def check_router_config(cfg: Any) -> None:
         raise ConfigError(f"router.routes needs at least 2 distinct routes, got {rc.routes}")
     if rc.pooling not in POOLINGS:
         raise ConfigError(f"router.pooling={rc.pooling!r} is not one of {', '.join(POOLINGS)}")
+    for key, value, allowed in (
+        ("router.lm_reward", rc.lm_reward, LM_REWARDS),
+        ("router.lagrangian", rc.lagrangian, LAGRANGIANS),
+    ):
+        if value not in allowed:
+            raise ConfigError(f"{key}={value!r} is not one of {', '.join(allowed)}")
     if rc.cost.mode not in COST_MODES:
         raise ConfigError(
             f"router.cost.mode={rc.cost.mode!r} is not one of {', '.join(COST_MODES)}"
@@ -151,6 +173,14 @@ def check_router_config(cfg: Any) -> None:
         return
     if cfg.async_training.enable:
         raise ConfigError("router.enable does not support async_training.enable yet")
+    est = cfg.algorithm.adv_estimator
+    if rc.lm_reward == "lagrangian" and rc.lagrangian == "advantage" and not rc.freeze_lm:
+        if est not in ("grpo", "dr_grpo"):
+            raise ConfigError(
+                f"router.lagrangian=advantage normalises cost within GRPO groups, but "
+                f"algorithm.adv_estimator={est}: use grpo or dr_grpo, router.lagrangian=reward, "
+                "or router.lm_reward=task"
+            )
     if cfg.actor_rollout_ref.rollout.n < 2:
         raise ConfigError(
             "router.enable compares the routes of one prompt's rollouts: set "

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from toolgrpo.config.loader import ConfigError
-from toolgrpo.config.router import COST_MODES, POOLINGS
+from toolgrpo.config.router import COST_MODES, LAGRANGIANS, LM_REWARDS, POOLINGS
 
 
 @dataclass(frozen=True)
@@ -247,6 +247,8 @@ TRAIN_RULES: dict[str, Any] = {
     # for the "did you mean".
     "router.pooling": OneOf(POOLINGS),
     "router.cost.mode": OneOf(COST_MODES),
+    "router.lm_reward": OneOf(LM_REWARDS),
+    "router.lagrangian": OneOf(LAGRANGIANS),
 }
 
 SFT_RULES: dict[str, Any] = {

@@ -28,8 +28,9 @@ from toolgrpo.eval.episodes import (
     summary_metrics,
 )
 from toolgrpo.eval.evaluate import val_sampling_params
-from toolgrpo.eval.routes import greedy_routes, route_conditions
+from toolgrpo.eval.routed import RoutedSetup, play_routed, report_lines, routed_metrics
 from toolgrpo.models.loading import load_policy
+from toolgrpo.models.safe_load import load_torch_file
 from toolgrpo.rewards.types import RllaFlags
 from toolgrpo.rollout.backends import backend_name, make_generator
 from toolgrpo.rollout.episode import Episode
@@ -37,6 +38,8 @@ from toolgrpo.rollout.multi_turn import Condition
 from toolgrpo.router.catalog import build_families
 from toolgrpo.router.infer import ROUTER_FILE, load_router
 from toolgrpo.router.runtime import RouteCondition
+from toolgrpo.router.spec import SPEC_KEY, families_from_spec
+from toolgrpo.router.usage import CostModel
 from toolgrpo.trainer.episodes import EpisodeRunner, make_router
 
 
@@ -86,6 +89,34 @@ def check_episode_eval(
     return router
 
 
+def checkpoint_setup(
+    cfg: TrainConfig, policy: Any, checkpoint: str, tasks: Sequence[Task], envs: EnvRouter
+) -> RoutedSetup:
+    """The checkpoint's head with the prompts it was trained with (``router.pt``'s saved
+    families, ``family_tools_only`` and cost model; the config's for an older ``router.pt``)."""
+    head, _ = load_router(cfg, policy, checkpoint)
+    state = load_torch_file(Path(checkpoint) / ROUTER_FILE)
+    spec = state.get(SPEC_KEY)
+    rc = cfg.router
+    families = build_families(tasks, envs, "" if spec else rc.families_file)
+    tools_only = rc.family_tools_only
+    cost = CostModel.from_config(rc.cost)
+    if spec:  # the training run's families win; tools it never saw keep the heuristic
+        families.overrides.update(families_from_spec(spec).overrides)
+        tools_only = bool(spec["family_tools_only"])
+        cost = CostModel(**spec["cost"])
+    budget = (state.get("budget") or {}).get("budget", rc.budget)
+    return RoutedSetup(
+        head,
+        lambda r: RouteCondition(r, families, tools_only),
+        families,
+        cost,
+        float(budget),
+        rc.eval_baselines,
+        envs,
+    )
+
+
 def evaluate_episodes(
     cfg: TrainConfig,
     policy: Any,
@@ -94,28 +125,34 @@ def evaluate_episodes(
     checkpoint: str | None = None,
 ) -> dict[str, Any]:
     """Play every task (``val_kwargs.n`` episodes each), routed by the checkpoint's router head
-    when it has one, and summarise per task type."""
+    when it has one (with the fixed-route baselines, ``router.eval_baselines``), and summarise
+    per task type."""
     envs = check_episode_eval(cfg, tasks, checkpoint)
-    conditions, routes = None, None
-    if router_head(cfg, checkpoint):
-        head, _ = load_router(cfg, policy, checkpoint)
-        rc = cfg.router
-        families = build_families(tasks, envs, rc.families_file)
-        picked = greedy_routes(head, tasks, cfg.data.max_prompt_length)
-        n = val_sampling_params(cfg).n
-        conditions, routes = route_conditions(
-            picked, n, lambda r: RouteCondition(r, families, rc.family_tools_only)
-        )
     generator = make_generator(cfg, policy)
     t0 = time.time()
+    routes, routing = None, None
     try:
         runner = EpisodeRunner(cfg, generator, policy.tokenizer, envs)
-        episodes = play_validation(runner, cfg, tasks, 0, 0, conditions)
+        if checkpoint and router_head(cfg, checkpoint):
+            setup = checkpoint_setup(cfg, policy, checkpoint, tasks, envs)
+            run = play_routed(
+                setup,
+                tasks,
+                val_sampling_params(cfg).n,
+                cfg.data.max_prompt_length,
+                lambda ts, conds: play_validation(runner, cfg, ts, 0, 0, conds),
+            )
+            episodes, routes, routing = run.episodes, run.routes, run.report
+        else:
+            episodes = play_validation(runner, cfg, tasks, 0, 0)
     finally:
         close = getattr(generator, "close", None)
         if close is not None:
             close()
     summary = summarize_episodes(episodes, routes=routes)
+    metrics = summary_metrics(summary, "val")
+    if routing is not None:
+        metrics.update(routed_metrics(routing, "val"))
     return {
         "mode": "episodes",
         "backend": backend_name(cfg),
@@ -125,7 +162,8 @@ def evaluate_episodes(
         "num_episodes": len(episodes),
         "seconds": time.time() - t0,
         "summary": summary,
-        "metrics": summary_metrics(summary, "val"),
+        "routing": routing,
+        "metrics": metrics,
         "samples": sample_transcripts(episodes, tasks, keep_samples, routes),
     }
 
@@ -178,6 +216,9 @@ def print_episode_table(label: str, val_files: Sequence[str], record: dict[str, 
     console.print(episode_table(title, record["summary"]))
     for line in detail_lines(record["summary"]):
         console.print(line, highlight=False)
+    if record.get("routing"):
+        for line in report_lines(record["routing"]):
+            console.print(line, highlight=False)
 
 
 def run_episode_eval(

@@ -28,11 +28,13 @@ from toolgrpo.rollout.rollback import (
 )
 from toolgrpo.tools.executor import truncate_text
 from toolgrpo.tools.parser import parse_tool_calls
-from toolgrpo.tools.types import ToolResult
+from toolgrpo.tools.types import ToolCall, ToolResult
 
 log = logging.getLogger(__name__)
 
 # Rewrites an episode's opening messages and tools (e.g. the router's route, toolgrpo.router).
+# A condition may also have ``refuse(call) -> str | None``: a call it refuses (a tool its
+# opening no longer offers) comes back as that error message, never reaching the environment.
 Condition = Callable[[EnvStart], EnvStart]
 
 
@@ -125,7 +127,7 @@ async def play_task(
             new = list(more)
         else:
             try:
-                results = await env.step(calls)
+                results = await _run_calls(env, calls, getattr(condition, "refuse", None))
             except Exception as exc:  # the contract says step never raises; hold it to that
                 env.fatal_error = f"step raised {type(exc).__name__}: {exc}"
                 results = []
@@ -158,6 +160,26 @@ async def play_task(
     if guard is not None:
         guard.finish(ep)
     return await _finish(ep, env, tokenizer, step, limits)
+
+
+async def _run_calls(
+    env: Env, calls: list[ToolCall], refuse: Callable[[ToolCall], str | None] | None
+) -> list[ToolResult]:
+    """The environment's results for the calls the episode's condition lets through, and a
+    ``not_offered`` error for each it refuses, in call order (refused calls still count as
+    calls: the model wrote them)."""
+    refusals = [refuse(c) if refuse is not None else None for c in calls]
+    if not any(r is not None for r in refusals):
+        return await env.step(calls)  # the environment's results, exactly as it gives them
+    allowed = [c for c, r in zip(calls, refusals, strict=True) if r is None]
+    ran = list(await env.step(allowed)) if allowed else []
+    out: list[ToolResult] = []
+    for c, r in zip(calls, refusals, strict=True):
+        if r is not None:
+            out.append(ToolResult(r, True, "not_offered", c.name, c.id))
+        elif ran:
+            out.append(ran.pop(0))
+    return out + ran  # any results beyond one per call, as the environment gave them
 
 
 def _append_delta(

@@ -8,6 +8,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from toolgrpo.config.loader import ConfigError
 from toolgrpo.data.loader import DataError
 from toolgrpo.data.task import Task
 from toolgrpo.envs.base import EnvStart
@@ -88,6 +89,61 @@ async def _env_starts(envs: EnvRouter, tasks: Sequence[Task]) -> list[EnvStart |
     return list(await asyncio.gather(*(_env_start(envs, t, sem) for t in tasks)))
 
 
+def route_lengths(
+    tokenizer: Any,
+    tasks: Sequence[Task],
+    envs: EnvRouter | None = None,
+    conditions: Sequence[Condition] = (),
+) -> list[list[int] | None]:
+    """Per task, the opening's length under each condition (one length without conditions),
+    measured as ``filter_overlong`` measures; ``None`` where the environment cannot open."""
+    if envs is not None:
+        starts = asyncio.run(_env_starts(envs, tasks))
+    else:
+        starts = [EnvStart([dict(m) for m in t.messages], []) for t in tasks]
+    return [
+        None
+        if start is None
+        else [opening_length(tokenizer, start, [c], env=envs is not None) for c in conditions]
+        or [opening_length(tokenizer, start, (), env=envs is not None)]
+        for start in starts
+    ]
+
+
+def split_routes(
+    tasks: Sequence[Task], lengths: Sequence[list[int] | None], max_length: int
+) -> list[int]:
+    """Indices of the tasks some of whose routes fit ``max_length`` while others do not: played
+    as they are, one route would be cut (or stopped as ``prompt_too_long``) and the others not."""
+    return [
+        i for i, got in enumerate(lengths) if got is not None and min(got) <= max_length < max(got)
+    ]
+
+
+def refuse_split_routes(
+    tokenizer: Any,
+    tasks: Sequence[Task],
+    max_length: int,
+    envs: EnvRouter | None,
+    conditions: Sequence[Condition],
+) -> None:
+    """With the router on and ``data.filter_overlong_prompts=false``: refuse (one line) tasks
+    that some routes would cut and others not. A route whose prompt is cut or stopped for length
+    where another route of the same task is not loses for its length, not its choice."""
+    if not conditions:
+        return
+    lengths = route_lengths(tokenizer, tasks, envs, conditions)
+    split = split_routes(tasks, lengths, max_length)
+    if split:
+        i = split[0]
+        got = lengths[i] or []
+        raise ConfigError(
+            f"{len(split)} task(s) fit data.max_prompt_length={max_length} under some router "
+            f"routes but not others (e.g. {tasks[i].task_id}: {min(got)} to {max(got)} tokens): "
+            "set data.filter_overlong_prompts=true to drop them, or raise data.max_prompt_length"
+        )
+
+
 def filter_overlong(
     tokenizer: Any,
     tasks: Sequence[Task],
@@ -100,18 +156,15 @@ def filter_overlong(
     (its system prompt and tool specs, from a reset that is closed at once); with
     ``conditions`` (the router's routes), the longest route's rewrite. A task whose environment
     cannot open is kept: it fails as an environment error when played."""
-    if envs is not None:
-        starts = asyncio.run(_env_starts(envs, tasks))
-    else:
-        starts = [EnvStart([dict(m) for m in t.messages], []) for t in tasks]
     kept: list[Task] = []
     dropped: Counter[str] = Counter()
     unmeasured: Counter[str] = Counter()
-    for task, start in zip(tasks, starts, strict=True):
-        if start is None:
+    lengths = route_lengths(tokenizer, tasks, envs, conditions)
+    for task, got in zip(tasks, lengths, strict=True):
+        if got is None:
             unmeasured[task.task_type] += 1
             kept.append(task)
-        elif opening_length(tokenizer, start, conditions, env=envs is not None) <= max_length:
+        elif max(got) <= max_length:
             kept.append(task)
         else:
             dropped[task.task_type] += 1

@@ -13,8 +13,9 @@ from toolgrpo.models.safe_load import CorruptCheckpoint, load_torch_file
 from toolgrpo.rollout.prompts import render_prompt
 from toolgrpo.router.families import FamilyMap, message_tools, read_family_file, spec_tools
 from toolgrpo.router.policy import RouterPolicy
-from toolgrpo.router.prompts import condition_start
 from toolgrpo.router.routes import ROUTES, check_name
+from toolgrpo.router.runtime import RouteCondition
+from toolgrpo.router.spec import SPEC_KEY, families_from_spec
 
 ROUTER_FILE = "router.pt"  # in a checkpoint directory, next to optimizer.pt
 
@@ -62,17 +63,42 @@ def choose_route(
     return RouteChoice(route, probs, fresh)
 
 
-def conditioner(route: str, families_file: str = "", family_tools_only: bool = False) -> Any:
-    """``EnvStart -> EnvStart`` for ``route``; families from the heuristic over the tools the
-    episode opens with, overridden by ``families_file``."""
-    overrides = read_family_file(families_file) if families_file else {}
+def conditioner(
+    route: str,
+    families_file: str = "",
+    family_tools_only: bool = False,
+    spec: dict[str, Any] | None = None,
+) -> Any:
+    """The episode's condition for ``route`` (prompt rewrite and refused calls): families from
+    the heuristic over the tools the episode opens with, overridden by ``families_file``, or by
+    a checkpoint's saved prompt ``spec`` (its families and ``family_tools_only``), so a trained
+    head is played with the prompts it was trained with."""
+    if spec:
+        overrides = dict(families_from_spec(spec).overrides)
+        family_tools_only = bool(spec["family_tools_only"])
+    else:
+        overrides = read_family_file(families_file) if families_file else {}
+    return _OpeningCondition(route, FamilyMap(overrides=overrides), family_tools_only)
 
-    def apply(start: EnvStart) -> EnvStart:
-        fm = FamilyMap(overrides=dict(overrides))
-        fm.add(message_tools(start.messages) + spec_tools(start.tools))
-        return condition_start(start, route, fm, family_tools_only)
 
-    return apply
+@dataclass(frozen=True)
+class _OpeningCondition(RouteCondition):
+    """A ``RouteCondition`` that learns the episode's tools (with their descriptions) from the
+    opening it rewrites: ``infer`` has no training tasks to list them from."""
+
+    def __call__(self, start: EnvStart) -> EnvStart:
+        self.families.add(message_tools(start.messages) + spec_tools(start.tools))
+        return super().__call__(start)
+
+
+def saved_spec(checkpoint: str | None) -> dict[str, Any] | None:
+    """The prompt spec saved in a checkpoint's ``router.pt`` (None: none, or an older file)."""
+    path = Path(checkpoint) / ROUTER_FILE if checkpoint else None
+    if path is None or not path.is_file():
+        return None
+    state = load_torch_file(path)
+    spec = state.get(SPEC_KEY) if isinstance(state, dict) else None
+    return spec if isinstance(spec, dict) else None
 
 
 def describe(choice: RouteChoice) -> str:
@@ -99,4 +125,5 @@ def route_for_infer(
     else:
         return None, None
     rc = cfg.router
-    return choice, conditioner(choice.route, rc.families_file, rc.family_tools_only)
+    spec = saved_spec(checkpoint)
+    return choice, conditioner(choice.route, rc.families_file, rc.family_tools_only, spec)

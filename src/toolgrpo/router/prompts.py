@@ -18,8 +18,8 @@ from toolgrpo.router.routes import ANSWER, CALCULATE, ROUTES, SEARCH, check_name
 
 ANSWER_NOTE_RLLA = (
     "**Route: answer directly**\nNo tools are available for this request. Think it through "
-    "inside <think> </think>, then answer the user directly inside <response> </response>. "
-    "Do not write a <tool_call>."
+    "inside <think> </think>, then answer the user directly inside <response> </response>, "
+    "without calling any tool."
 )
 ANSWER_NOTE = (
     "No tools are available for this request: think it through and answer directly, without "
@@ -58,6 +58,31 @@ def _drop_tool_talk(system: str) -> str:
         if sentences or not line.strip():
             kept_lines.append(" ".join(sentences))
     return re.sub(r"\n{3,}", "\n\n", "\n".join(kept_lines)).strip()
+
+
+_NUMBERED = re.compile(r"^(\d+)\.\s+(.*)$")
+_CALL_TALK = re.compile(r"(?i)\btools?\b|tool_call|function call|\bparameters?\b")
+_CALL_EXAMPLE = re.compile(r"(?ms)^<tool_call>\s*$.*?^</tool_call>\s*$\n?")
+
+
+def _answer_rlla_text(system: str) -> str:
+    """RLLA's instructions without their tool parts, for the ANSWER route: the ``<tool_call>``
+    lines of the output format, the "Decide on Tool Usage" step and the notes' sentences about
+    tool calls (lists renumbered), so the prompt no longer asks for what the route forbids."""
+    system = _CALL_EXAMPLE.sub("", system)
+    out: list[str] = []
+    number = 0
+    for line in system.split("\n"):
+        m = _NUMBERED.match(line)
+        if not m:
+            number = 0  # a numbered list ends at the first other line
+            out.append(line)
+            continue
+        kept = [x for x in _SENTENCE_END.split(m.group(2)) if not _CALL_TALK.search(x)]
+        if kept:
+            number += 1
+            out.append(f"{number}. {' '.join(kept)}")
+    return "\n".join(out)
 
 
 def _renumber(entries: Sequence[str]) -> list[str]:
@@ -101,7 +126,10 @@ def condition_start(
         avoided = _names(offered, families, other)
         note = route_note(route, favoured, avoided, rlla=block is not None)
     if route == ANSWER or (family_tools_only and not offered):  # no tool left to offer
-        system = _rewrite_block(system, block, None) if block else _drop_tool_talk(system)
+        if block:
+            system = _answer_rlla_text(_rewrite_block(system, block, None))
+        else:
+            system = _drop_tool_talk(system)
         specs = []
     elif family_tools_only:
         if block:

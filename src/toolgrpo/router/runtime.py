@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from toolgrpo.algos.router import router_advantages, router_rewards
+from toolgrpo.algos.router import group_z, lagrangian_advantages, router_rewards
 from toolgrpo.data.task import Task
 from toolgrpo.envs.base import EnvStart
 from toolgrpo.envs.registry import EnvRouter
@@ -28,7 +28,10 @@ from toolgrpo.router.families import FamilyMap
 from toolgrpo.router.metrics import observe_metrics
 from toolgrpo.router.policy import RouterPolicy
 from toolgrpo.router.prompts import condition_messages, condition_start
-from toolgrpo.router.usage import CostModel, ToolUsage, usage_of_messages, usage_of_text
+from toolgrpo.router.routes import ANSWER, CALCULATE, SEARCH
+from toolgrpo.router.spec import SPEC_KEY, check_spec, prompt_spec
+from toolgrpo.router.usage import CostModel, ToolUsage, usage_of_episode, usage_of_text
+from toolgrpo.tools.types import ToolCall
 
 Condition = Callable[[EnvStart], EnvStart]
 
@@ -44,6 +47,22 @@ class RouteCondition:
 
     def __call__(self, start: EnvStart) -> EnvStart:
         return condition_start(start, self.route, self.families, self.family_tools_only)
+
+    def refuse(self, call: ToolCall) -> str | None:
+        """The error the model reads for a call its route does not offer, else None (the
+        environment runs it). ANSWER offers no tool at all; with ``family_tools_only`` a
+        SEARCH / CALCULATE route does not offer the other family's tools."""
+        if self.route == ANSWER:
+            return (
+                "Error: no tools are available on this route; answer directly without calling any."
+            )
+        if self.family_tools_only and call.name:
+            other = CALCULATE if self.route == SEARCH else SEARCH
+            if self.families.family(call.name) == other:
+                return (
+                    f"Error: tool {call.name!r} is not offered on this route; use the tools listed."
+                )
+        return None
 
 
 @dataclass
@@ -99,8 +118,14 @@ class RouterRuntime:
             actor.scheduler if actor is not None else None,
         )
         self.routes = self.policy.routes
+        alg = cfg.algorithm
+        # The LM's own group normalisation, for its cost advantages (lagrangian=advantage).
+        self.lm_norm_by_std = alg.adv_estimator == "grpo" and alg.norm_adv_by_std_in_grpo
         self._plans: list[RoutePlan] = []
         self._step: _Step | None = None
+        self._costs: list[float] = []  # this step's cost per rollout, in plan order
+        self._lam = self.budget.lam  # the λ this step's rewards were shaped with
+        self._lm_cost_B: torch.Tensor | None = None  # per batch row (bind_rows)
 
     @property
     def freeze_lm(self) -> bool:
@@ -122,6 +147,10 @@ class RouterRuntime:
 
     def _condition(self, route: str) -> Condition:
         return RouteCondition(route, self.families, self.rc.family_tools_only)
+
+    def route_conditions(self) -> list[RouteCondition]:
+        """One condition per route, in ``routes`` order (to measure every route's prompt)."""
+        return [RouteCondition(r, self.families, self.rc.family_tools_only) for r in self.routes]
 
     def rollout(
         self, plan: RoutePlan, generator: Any, params: SamplingParams
@@ -172,21 +201,69 @@ class RouterRuntime:
         cost_B = torch.tensor(costs, dtype=torch.float32)
         reward_B = router_rewards(task_B, cost_B, lam)
         tasks = [t for p in plans for t in p.tasks for _ in range(p.n)]
+        adv_B = lagrangian_advantages(
+            task_B, cost_B, lam, uids, self.rc.lagrangian, self.rc.norm_adv_by_std
+        )
         self._step = _Step(
             features_BH=torch.cat([p.features_TH.repeat_interleave(p.n, 0) for p in plans]),
             actions_B=torch.cat([p.actions_B for p in plans]),
-            advantages_B=router_advantages(reward_B, uids, self.rc.norm_adv_by_std),
+            advantages_B=adv_B,
             labels_B=torch.tensor([self._label(t) for t in tasks], dtype=torch.long),
         )
+        self._costs, self._lam = costs, lam
+        self._lm_cost_B = None
         self.budget.observe(costs)
         routes = [r for p in plans for r in p.routes]
         return observe_metrics(
             routes, types, usages, task_B, cost_B, reward_B, lam, self.budget.budget
         )
 
+    # ---- the LM's reward (router.lm_reward) --------------------------------------------------
+    def bind_rows(self, rows: Sequence[int | None]) -> None:
+        """Which observed rollout each batch row is (``None``: a rolled-back negative, no
+        rollout of its own), so the LM's rewards can carry the same λ·cost."""
+        self._lm_cost_B = torch.tensor(
+            [self._costs[i] if i is not None else float("nan") for i in rows], dtype=torch.float32
+        )
+
+    def _lm_lagrangian(self, mode: str) -> bool:
+        return (
+            self.rc.lm_reward == "lagrangian"
+            and self.rc.lagrangian == mode
+            and self._lm_cost_B is not None
+        )
+
+    def lm_scores(self, scores_B: torch.Tensor) -> torch.Tensor:
+        """The LM's scores: r_task − λ·cost per row (``lm_reward=lagrangian``, λ in the reward),
+        else r_task. Negatives keep their fixed ``negative_reward``."""
+        if not self._lm_lagrangian("reward"):
+            return scores_B
+        assert self._lm_cost_B is not None
+        cost = torch.nan_to_num(self._lm_cost_B, nan=0.0)
+        return scores_B - self._lam * cost
+
+    def lm_advantages(self, batch: Any) -> dict[str, float]:
+        """With ``lagrangian=advantage``: A_LM = Z(r_task) − λ·Z(cost), the run's own GRPO
+        advantages minus λ times the cost's, normalised in the same groups."""
+        if not self._lm_lagrangian("advantage") or batch.advantages_BR is None:
+            return {}
+        assert self._lm_cost_B is not None
+        neg = torch.isnan(self._lm_cost_B)
+        z_B = group_z(
+            torch.nan_to_num(self._lm_cost_B, nan=0.0),
+            batch.uids,
+            self.lm_norm_by_std,
+            neg.tolist(),
+        )
+        shift_BR = self._lam * z_B[:, None] * batch.response_mask_BR.to(torch.float32)
+        batch.advantages_BR = batch.advantages_BR - shift_BR
+        if batch.returns_BR is not None:
+            batch.returns_BR = batch.returns_BR - shift_BR
+        return {"router/lm_cost_adv_abs": float(z_B.abs().mean()) * self._lam}
+
     def _usage(self, item: Any) -> ToolUsage:
         if isinstance(item, Episode):
-            return usage_of_messages(item.messages, self.families)
+            return usage_of_episode(item, self.families)
         comp = item[0]
         text = self.tokenizer.decode(comp.token_ids, skip_special_tokens=False)
         return usage_of_text(text, self.families)
@@ -210,10 +287,18 @@ class RouterRuntime:
         return metrics
 
     # ---- checkpoints ------------------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
-        return {**self.policy.state_dict(), "budget": self.budget.state_dict()}
+    def prompt_spec(self) -> dict[str, Any]:
+        return prompt_spec(self.families, self.rc.family_tools_only, self.cost)
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            **self.policy.state_dict(),
+            "budget": self.budget.state_dict(),
+            SPEC_KEY: self.prompt_spec(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any], where: str = "router.pt") -> None:
+        check_spec(state.get(SPEC_KEY), self.prompt_spec(), where)
         self.policy.load_state_dict(state)
         self.budget.load_state_dict(state.get("budget", {}))
 

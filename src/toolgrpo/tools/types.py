@@ -11,8 +11,17 @@ from typing import Any
 
 # parse: the <tool_call> block was not JSON / lacked a name; unknown_tool: no tool of that name;
 # invalid_arguments: failed the tool's JSON schema; exception: the tool raised; timeout: it ran too
-# long; transport: a remote environment could not be reached.
-ERROR_TYPES = ("parse", "unknown_tool", "invalid_arguments", "exception", "timeout", "transport")
+# long; transport: a remote environment could not be reached; not_offered: the episode's route
+# offers no such tool (the router's ANSWER route offers none), so the call never ran.
+ERROR_TYPES = (
+    "parse",
+    "unknown_tool",
+    "invalid_arguments",
+    "exception",
+    "timeout",
+    "transport",
+    "not_offered",
+)
 
 
 @dataclass(frozen=True)

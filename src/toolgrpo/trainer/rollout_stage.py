@@ -81,6 +81,7 @@ class RolloutStage:
         metrics = {**completion_metrics(completions, scores), **self._mixture_metrics(step, batch)}
         if self.router is not None:
             metrics.update(self.router.observe(items, [s.total for s in scores]))
+            self.router.bind_rows(list(range(len(items))))  # one batch row per rollout
         return Rolled(batch, metrics, timing, float(nonfinite))
 
     def _episode_batch(
@@ -97,6 +98,8 @@ class RolloutStage:
         metrics["train/skipped_update"] = float(batch is None)
         if self.router is not None:  # failed episodes stand at their group's mean
             metrics.update(self.router.observe(items, stand_in_rewards(items)))
+            if batch is not None:  # kept episodes' rows, then their negatives (no rollout)
+                self.router.bind_rows(list(keep) + [None] * (batch.size - len(kept)))
         if batch is not None:
             pols = [policies[i] for i in keep]
             batch.policies = pols + [pols[i] for i in negative_parents(kept)]

@@ -157,5 +157,6 @@ def apply(trainer: Trainer, ckpt: Path, saved: Saved) -> None:
     if hasattr(trainer.kl_ctrl, "target") and opt.get("kl_coef") is not None:
         trainer.kl_ctrl.value = float(opt["kl_coef"])
     if trainer.router is not None and saved.router is not None:
-        trainer.router.load_state_dict(saved.router)  # head, λ, dual window
+        # head, λ, dual window; refused when this run's route prompts differ from the saved ones
+        trainer.router.load_state_dict(saved.router, str(ckpt / ROUTER_FILE))
     trainer.sampler.load_state_dict(saved.state["sampler"])

@@ -27,9 +27,7 @@ from toolgrpo.config.schema import TrainConfig, as_dict
 from toolgrpo.config.validate import validate_train_config
 from toolgrpo.data.loader import load_tasks
 from toolgrpo.data.task import Task
-from toolgrpo.eval.episodes import summarize_episodes, summary_metrics
-from toolgrpo.eval.evaluate import check_scorable, evaluate, val_sampling_params
-from toolgrpo.eval.routes import greedy_routes, route_conditions
+from toolgrpo.eval.evaluate import check_scorable
 from toolgrpo.mixture import Mixture
 from toolgrpo.models.loading import load_policy, load_tokenizer
 from toolgrpo.models.registry import resolve_model
@@ -38,19 +36,19 @@ from toolgrpo.rewards.types import RllaFlags
 from toolgrpo.rollout.backends import make_generator, sync_weights
 from toolgrpo.rollout.generator import SamplingParams
 from toolgrpo.rollout.hf import HFGenerator
-from toolgrpo.rollout.prompts import filter_overlong
-from toolgrpo.router.runtime import RouteCondition, RouterRuntime
+from toolgrpo.rollout.prompts import filter_overlong, refuse_split_routes
+from toolgrpo.router.runtime import RouterRuntime
 from toolgrpo.trainer import state as ckpt_state
 from toolgrpo.trainer.actor import Actor
 from toolgrpo.trainer.batch import Batch
-from toolgrpo.trainer.episode_metrics import episode_metrics
-from toolgrpo.trainer.episodes import EpisodeRunner, make_router, warn_env_failures
+from toolgrpo.trainer.episodes import EpisodeRunner, make_router
 from toolgrpo.trainer.metrics import NoSignalWatch, batch_metrics, negative_metrics
 from toolgrpo.trainer.replay import AsyncRollout
 from toolgrpo.trainer.resume import prepare_output_dir
 from toolgrpo.trainer.rollout_stage import Rolled, RolloutStage
 from toolgrpo.trainer.sampler import TaskSampler
 from toolgrpo.trainer.tracking import Tracker
+from toolgrpo.trainer.validation import validate
 
 log = logging.getLogger(__name__)
 
@@ -133,8 +131,8 @@ class Trainer(RolloutStage):
         if cfg.router.enable:
             envs = self.episodes.router if self.episodes is not None else None
             self.router = RouterRuntime(cfg, self.policy, self.tasks, envs, self.actor)
-        if cfg.data.filter_overlong_prompts:  # judged on the opening the model sees
-            self._drop_overlong()
+        if cfg.data.filter_overlong_prompts or self.router is not None:
+            self._drop_overlong()  # judged on the opening the model sees, under every route
         self._val_tasks: list[Task] | None = None
         self.step = 0
         self._resume()
@@ -146,13 +144,14 @@ class Trainer(RolloutStage):
 
     def _drop_overlong(self) -> None:
         """verl's ``filter_overlong_prompts`` on the rendered opening: each environment's system
-        prompt and tool specs (multi-turn), and the longest route's note (router on)."""
+        prompt and tool specs (multi-turn), and every route's rewrite (router on). Without the
+        filter, the router refuses tasks that only some of their routes would cut."""
         envs = self.episodes.router if self.episodes is not None else None
-        routes = []
-        if self.router is not None:
-            rt = self.router
-            routes = [RouteCondition(r, rt.families, rt.rc.family_tools_only) for r in rt.routes]
+        routes = self.router.route_conditions() if self.router is not None else []
         d = self.cfg.data
+        if not d.filter_overlong_prompts:
+            refuse_split_routes(self.tokenizer, self.tasks, d.max_prompt_length, envs, routes)
+            return
         self.tasks = filter_overlong(self.tokenizer, self.tasks, d.max_prompt_length, envs, routes)
         self.sampler = TaskSampler(len(self.tasks), d.train_batch_size, d.seed, d.shuffle)
 
@@ -286,7 +285,9 @@ class Trainer(RolloutStage):
 
     def compute_advantages(self, batch: Batch) -> dict[str, float]:
         alg = self.cfg.algorithm
-        token_rewards = token_level_rewards(batch.scores_B, batch.response_mask_BR)
+        rt = getattr(self, "router", None)  # lm_reward=lagrangian: the LM pays λ·cost too
+        scores_B = rt.lm_scores(batch.scores_B) if rt is not None else batch.scores_B
+        token_rewards = token_level_rewards(scores_B, batch.response_mask_BR)
         metrics: dict[str, float] = {}
         if alg.use_kl_in_reward:
             token_rewards, kl = apply_kl_in_reward(
@@ -311,44 +312,16 @@ class Trainer(RolloutStage):
             norm_adv_by_std_in_grpo=alg.norm_adv_by_std_in_grpo,
             is_negative_B=batch.is_negative,  # rolled-back attempts stay out of the baselines
         )
+        if rt is not None:  # router.lagrangian=advantage: A − λ·Z(cost)
+            metrics.update(rt.lm_advantages(batch))
         metrics.update(negative_metrics(batch))
         return metrics
 
     def validate(self, step: int) -> dict[str, float]:
-        """Same tasks and settings as ``toolgrpo eval`` (long prompts truncated, not dropped)."""
-        d = self.cfg.data
+        """Same tasks and settings as ``toolgrpo eval`` (trainer/validation.py)."""
         if self._val_tasks is None:
             self._val_tasks = self._read_val()
-        if self.episodes is not None:
-            params = val_sampling_params(self.cfg)
-            conds, routes = None, None
-            rt = self.router
-            if rt is not None:  # the router's argmax route per task, as toolgrpo eval plays it
-                picked = greedy_routes(rt.policy, self._val_tasks, d.max_prompt_length)
-                conds, routes = route_conditions(
-                    picked,
-                    params.n,
-                    lambda r: RouteCondition(r, rt.families, rt.rc.family_tools_only),
-                )
-            eps = self.episodes.play(
-                self._val_tasks, params, step, self.step, rollback=False, conditions=conds
-            )
-            warn_env_failures([e for e in eps if e.env_failure], self.episodes.router, step)
-            metrics = {f"val/{k}": v for k, v in episode_metrics(eps).items()}
-            # Per task type, exactly as ``toolgrpo eval`` reports them (eval/episodes.py).
-            metrics.update(summary_metrics(summarize_episodes(eps, routes=routes), "val"))
-            return metrics
-        res = evaluate(
-            self.generator,
-            self.tokenizer,
-            self._val_tasks,
-            val_sampling_params(self.cfg),
-            d.max_prompt_length,
-            step,
-            self.flags,
-            batch_size=d.val_batch_size,
-        )
-        return res.metrics("val")
+        return validate(self, self._val_tasks, step)
 
     def _read_val(self) -> list[Task]:
         d = self.cfg.data
