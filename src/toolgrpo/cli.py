@@ -50,7 +50,15 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from toolgrpo.eval.cli import run_eval
 
     path, overrides = _split(args.rest)
-    return run_eval(path, overrides, args.checkpoint, args.output, args.limit, args.samples)
+    return run_eval(
+        path,
+        overrides,
+        args.checkpoint,
+        args.output,
+        args.limit,
+        args.samples,
+        args.rollout_data_dir,
+    )
 
 
 def cmd_sft(args: argparse.Namespace) -> int:
@@ -130,6 +138,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--output", default=None, help="where to write the JSON result")
     p.add_argument("--limit", type=int, default=-1, help="evaluate only the first N tasks")
     p.add_argument("--samples", type=int, default=5, help="decoded samples kept in the JSON")
+    p.add_argument(
+        "--rollout-data-dir", default=None, help="write every episode to DIR/0.jsonl (report)"
+    )
     p.add_argument("rest", nargs=argparse.REMAINDER)
     p.set_defaults(func=cmd_eval)
     p = sub.add_parser("sft", help="supervised fine-tuning: [config.yaml] [key=value ...]")

@@ -219,6 +219,7 @@ TRAIN_RULES: dict[str, Any] = {
     "trainer.logger": OneOf(LOGGERS, each=True),
     "trainer.num_threads": NONNEG,  # 0 = torch default
     "trainer.warn_no_signal_steps": NONNEG,  # 0 = never warn
+    "trainer.rollout_data_samples_per_step": Num(0, sentinels=(-1,)),  # -1 = all
     "trainer.distributed.backend": OneOf(("local", "ray")),
     "trainer.distributed.num_rollout_workers": POS,
     "trainer.distributed.num_cpus_per_worker": POS,
@@ -280,6 +281,7 @@ FREE_KEYS = frozenset(
         "trainer.project_name",
         "trainer.experiment_name",
         "trainer.output_dir",
+        "trainer.rollout_data_dir",  # a directory; "" = no dumps
         "trainer.resume",  # auto | disable | a checkpoint directory
         "trainer.distributed.address",
         _R + "stop",  # checked in validate.py: non-empty strings

@@ -18,6 +18,7 @@ from toolgrpo.models.loading import load_policy
 from toolgrpo.rewards.scoring import check_task
 from toolgrpo.rewards.types import RllaFlags
 from toolgrpo.rollout.hf import HFGenerator
+from toolgrpo.trainer.rollout_dump import make_dumper
 
 
 def apply_checkpoint(cfg: TrainConfig, checkpoint: str) -> str:
@@ -42,8 +43,11 @@ def run_eval(
     output: str | None,
     limit: int,
     keep_samples: int,
+    rollout_data_dir: str | None = None,
 ) -> int:
     cfg = load_config(TrainConfig, config_path, overrides)
+    if rollout_data_dir:  # --rollout-data-dir: the same dumps as trainer.rollout_data_dir
+        cfg.trainer.rollout_data_dir = rollout_data_dir
     validate_train_config(cfg)
     if cfg.trainer.num_threads > 0:
         import torch
@@ -75,6 +79,7 @@ def run_eval(
         flags,
         keep_samples,
         d.val_batch_size,
+        make_dumper(cfg.trainer),
     )
     record = {"model": label, "val_files": d.val_files, **res.to_dict()}
     out.parent.mkdir(parents=True, exist_ok=True)

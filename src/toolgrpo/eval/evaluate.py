@@ -14,6 +14,7 @@ from toolgrpo.rewards.scoring import Score, score, supports
 from toolgrpo.rewards.types import RllaFlags
 from toolgrpo.rollout.generator import Completion, Generator, SamplingParams
 from toolgrpo.rollout.single_turn import rollout_tasks, solution_text
+from toolgrpo.trainer.rollout_dump import RolloutDumper, completion_record
 
 
 def val_sampling_params(cfg: TrainConfig) -> SamplingParams:
@@ -95,6 +96,7 @@ def evaluate(
     flags: RllaFlags | None = None,
     keep_samples: int = 0,
     batch_size: int = 16,
+    dumper: RolloutDumper | None = None,
 ) -> EvalResult:
     """Generate ``params.n`` samples per task and score them with the task's reward."""
     t0 = time.time()
@@ -107,6 +109,15 @@ def evaluate(
         score(t, solution_text(tokenizer, c), step, flags)
         for t, c in zip(owners, completions, strict=True)
     ]
+    if dumper is not None:  # trainer.rollout_data_dir: the samples as step <step>'s dump
+        rows = zip(completions, owners, scores, strict=True)
+        dumper.write(
+            step,
+            [
+                completion_record(c, t, f"{t.task_id}", s, tokenizer, "actor", None)
+                for c, t, s in rows
+            ],
+        )
     samples = [
         {
             "task_id": t.task_id,

@@ -38,6 +38,7 @@ from toolgrpo.router.catalog import build_families
 from toolgrpo.router.infer import ROUTER_FILE, load_router
 from toolgrpo.router.runtime import RouteCondition
 from toolgrpo.trainer.episodes import EpisodeRunner, make_router
+from toolgrpo.trainer.rollout_dump import make_dumper
 
 
 def plays_episodes(cfg: TrainConfig, tasks: Sequence[Task]) -> bool:
@@ -115,6 +116,8 @@ def evaluate_episodes(
         close = getattr(generator, "close", None)
         if close is not None:
             close()
+    if (dumper := make_dumper(cfg.trainer)) is not None:
+        dumper.write_episodes(0, episodes, policy.tokenizer, routes=routes)
     summary = summarize_episodes(episodes, routes=routes)
     return {
         "mode": "episodes",

@@ -48,6 +48,7 @@ from toolgrpo.trainer.episodes import EpisodeRunner, make_router, warn_env_failu
 from toolgrpo.trainer.metrics import NoSignalWatch, batch_metrics, negative_metrics
 from toolgrpo.trainer.replay import AsyncRollout
 from toolgrpo.trainer.resume import prepare_output_dir
+from toolgrpo.trainer.rollout_dump import make_dumper
 from toolgrpo.trainer.rollout_stage import Rolled, RolloutStage
 from toolgrpo.trainer.sampler import TaskSampler
 from toolgrpo.trainer.tracking import Tracker
@@ -109,6 +110,7 @@ class Trainer(RolloutStage):
         )
         # A fixed policy sharing rollout duty (issue #5), off unless rollout_only.model_path is set.
         self.mixture = Mixture(cfg, self.tokenizer) if cfg.rollout_only.model_path else None
+        self.dumper = make_dumper(cfg.trainer)  # trainer.rollout_data_dir (verl's key)
         self.total_steps = cfg.trainer.total_training_steps
         self.actor = Actor(self.policy, cfg, self.total_steps)
         kc = cfg.algorithm.kl_ctrl
