@@ -93,6 +93,14 @@ def cmd_infer(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    from toolgrpo.report.html import write_report
+
+    out = write_report(args.run_dir, args.output, args.rollout_data_dir)
+    print(f"wrote {out} (open it in a browser; it needs no network)")
+    return 0
+
+
 def cmd_serve_env(args: argparse.Namespace) -> int:
     import importlib
 
@@ -143,6 +151,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("rest", nargs=argparse.REMAINDER)
     p.set_defaults(func=cmd_eval)
+    p = sub.add_parser("report", help="one self-contained HTML page of a run")
+    p.add_argument("run_dir", help="a training run's trainer.output_dir")
+    p.add_argument("--output", default=None, help="where to write it (default RUN_DIR/report.html)")
+    p.add_argument("--rollout-data-dir", default=None, help="dumps elsewhere than the config says")
+    p.set_defaults(func=cmd_report)
     p = sub.add_parser("sft", help="supervised fine-tuning: [config.yaml] [key=value ...]")
     p.add_argument("rest", nargs=argparse.REMAINDER)
     p.set_defaults(func=cmd_sft)
