@@ -10,7 +10,8 @@ import pytest
 from tests.report.runs import HOSTILE, make_run
 from toolgrpo.cli import main
 from toolgrpo.report.data import ReportError, load_run
-from toolgrpo.report.html import best_held_out, write_report
+from toolgrpo.report.html import write_report
+from toolgrpo.trainer.summary import best_held_out
 
 
 def embedded(page: str) -> dict:

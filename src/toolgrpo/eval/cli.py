@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
+from toolgrpo import progress
 from toolgrpo.config.loader import load_config
 from toolgrpo.config.schema import TrainConfig
 from toolgrpo.config.validate import validate_train_config
@@ -36,7 +38,13 @@ def apply_checkpoint(cfg: TrainConfig, checkpoint: str) -> str:
     return str(p)
 
 
-def run_eval(
+def run_eval(*args: Any, **kwargs: Any) -> int:
+    """``toolgrpo eval``, with progress on stderr (bars on a terminal, else a line per phase)."""
+    with progress.console_progress("eval"):
+        return _run_eval(*args, **kwargs)
+
+
+def _run_eval(
     config_path: str | None,
     overrides: list[str],
     checkpoint: str | None,
@@ -69,18 +77,19 @@ def run_eval(
     params = val_sampling_params(cfg)
     gen = HFGenerator(policy.model, policy.tokenizer, policy.dtype, d.val_batch_size)
     flags = RllaFlags(**vars(cfg.reward.rlla))
-    res = evaluate(
-        gen,
-        policy.tokenizer,
-        tasks,
-        params,
-        d.max_prompt_length,
-        0,
-        flags,
-        keep_samples,
-        d.val_batch_size,
-        make_dumper(cfg.trainer),
-    )
+    with progress.phase("generation", len(tasks) * params.n, "samples"):
+        res = evaluate(
+            gen,
+            policy.tokenizer,
+            tasks,
+            params,
+            d.max_prompt_length,
+            0,
+            flags,
+            keep_samples,
+            d.val_batch_size,
+            make_dumper(cfg.trainer),
+        )
     record = {"model": label, "val_files": d.val_files, **res.to_dict()}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=1))

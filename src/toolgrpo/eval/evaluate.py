@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from toolgrpo import progress
 from toolgrpo.config.schema import TrainConfig
 from toolgrpo.data.loader import DataError
 from toolgrpo.data.task import Task
@@ -104,6 +105,7 @@ def evaluate(
     for s in range(0, len(tasks), batch_size):
         chunk = tasks[s : s + batch_size]
         completions.extend(rollout_tasks(generator, tokenizer, chunk, params, max_prompt_length))
+        progress.tick(len(chunk) * params.n)
     owners = [t for t in tasks for _ in range(params.n)]
     scores = [
         score(t, solution_text(tokenizer, c), step, flags)

@@ -17,6 +17,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from toolgrpo import progress
 from toolgrpo.config.loader import ConfigError
 from toolgrpo.config.schema import TrainConfig
 from toolgrpo.data.task import Task
@@ -111,7 +112,8 @@ def evaluate_episodes(
     t0 = time.time()
     try:
         runner = EpisodeRunner(cfg, generator, policy.tokenizer, envs)
-        episodes = play_validation(runner, cfg, tasks, 0, 0, conditions)
+        with progress.phase("episodes", len(tasks) * val_sampling_params(cfg).n, "episodes"):
+            episodes = play_validation(runner, cfg, tasks, 0, 0, conditions)
     finally:
         close = getattr(generator, "close", None)
         if close is not None:

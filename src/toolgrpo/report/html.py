@@ -11,6 +11,7 @@ from typing import Any
 from toolgrpo.report.assets import CSS, JS
 from toolgrpo.report.data import RunData, load_run
 from toolgrpo.report.plots import metric_svgs
+from toolgrpo.trainer.summary import best_held_out
 
 
 def _script_json(obj: Any) -> str:
@@ -27,16 +28,6 @@ def _clean(v: Any) -> Any:
     if isinstance(v, list):
         return [_clean(x) for x in v]
     return v
-
-
-def best_held_out(metrics: list[dict[str, Any]]) -> tuple[str, float, int] | None:
-    """The best held-out score and its step: accuracy when logged, else mean reward."""
-    for key in ("val/all/accuracy", "val/all/reward_mean", "val/reward/mean"):
-        pts = [(r[key], r.get("step", 0)) for r in metrics if isinstance(r.get(key), (int, float))]
-        if pts:
-            v, s = max(pts, key=lambda p: (p[0], -p[1]))
-            return key, float(v), int(s)
-    return None
 
 
 def render(data: RunData) -> str:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from toolgrpo import progress
 from toolgrpo.data.task import Task
 from toolgrpo.mixture import ACTOR, RolloutPart
 from toolgrpo.rewards.scoring import Score, is_finite, score
@@ -126,7 +127,11 @@ class RolloutStage:
         items: list = []
         policies: list[str] = []
         self._routes = []  # the router's route per rollout (None without the router), for dumps
-        with self._rollout_parts(step, tasks, generator) as parts:
+        unit = "episodes" if self.episodes is not None else "samples"
+        with (
+            progress.phase("generation", len(tasks) * self.sampling.n, unit),
+            self._rollout_parts(step, tasks, generator) as parts,
+        ):
             for p in parts:
                 # With the router, each rollout's route is sampled first and rewrites its prompt.
                 plan = self.router.plan(p.tasks, p.params.n) if self.router is not None else None
@@ -139,6 +144,8 @@ class RolloutStage:
                     got = self.router.rollout(plan, p.generator, p.params)
                 else:
                     got = list(zip(*self.rollout(p.tasks, p.generator, p.params), strict=True))
+                if self.episodes is None:
+                    progress.tick(len(got))  # episodes tick as each one ends
                 items += got
                 policies += [p.policy] * len(got)
                 self._routes += plan.routes if plan is not None else [None] * len(got)

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from toolgrpo import progress
 from toolgrpo.algos import (
     apply_kl_in_reward,
     compute_advantages,
@@ -51,6 +52,7 @@ from toolgrpo.trainer.resume import prepare_output_dir
 from toolgrpo.trainer.rollout_dump import make_dumper
 from toolgrpo.trainer.rollout_stage import Rolled, RolloutStage
 from toolgrpo.trainer.sampler import TaskSampler
+from toolgrpo.trainer.summary import summary_lines
 from toolgrpo.trainer.tracking import Tracker
 
 log = logging.getLogger(__name__)
@@ -168,9 +170,11 @@ class Trainer(RolloutStage):
         producer = self._start_async() if self.cfg.async_training.enable else None
         try:
             if t.val_before_train and self.step == 0:
+                tracker.begin_step(0)
                 tracker.log(self.validate(0), 0)
             while self.step < self.total_steps:
                 step = self.step + 1
+                tracker.begin_step(step)
                 metrics = self.train_step(step, producer)
                 self.step = step
                 if t.test_freq > 0 and step % t.test_freq == 0:
@@ -187,6 +191,8 @@ class Trainer(RolloutStage):
             if producer is not None:
                 producer.close()
             tracker.close()
+        for line in summary_lines(self.out, history, t):  # where things are, what to open
+            tracker.console.print(line, soft_wrap=True, markup=False, highlight=False)
         return history
 
     def train_step(self, step: int, producer: AsyncRollout | None = None) -> dict[str, Any]:
@@ -317,10 +323,16 @@ class Trainer(RolloutStage):
         return metrics
 
     def validate(self, step: int) -> dict[str, float]:
-        """Same tasks and settings as ``toolgrpo eval`` (long prompts truncated, not dropped)."""
-        d = self.cfg.data
         if self._val_tasks is None:
             self._val_tasks = self._read_val()
+        total = len(self._val_tasks) * val_sampling_params(self.cfg).n
+        with progress.phase("validation", total, "episodes" if self.episodes else "samples"):
+            return self._validate(step)
+
+    def _validate(self, step: int) -> dict[str, float]:
+        """Same tasks and settings as ``toolgrpo eval`` (long prompts truncated, not dropped)."""
+        d = self.cfg.data
+        assert self._val_tasks is not None
         if self.episodes is not None:
             params = val_sampling_params(self.cfg)
             conds, routes = None, None
