@@ -33,6 +33,7 @@ _BUILTIN = {
     "bfcl_multi_turn": "toolgrpo.envs.bfcl",
     "remote": "toolgrpo.envs.remote",
     "mcp": "toolgrpo.envs.mcp",  # needs the extra toolgrpo[mcp]
+    "openenv": "toolgrpo.envs.openenv",  # needs the extra toolgrpo[openenv]
 }
 
 
