@@ -111,7 +111,7 @@ PROB = Num(0, 1, low_open=True)  # (0, 1]: top_p
 ALL_OR_POS = Num(1, sentinels=(-1,))  # -1 = all
 TOP_K = Num(-1)  # -1 = off (0 is off in HF too)
 DTYPES = ("auto", "bfloat16", "float32")
-LOGGERS = ("console", "jsonl", "tensorboard")
+LOGGERS = ("console", "jsonl", "tensorboard", "wandb", "mlflow")  # the last two: extras
 ADV_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "gae")
 AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 KL_KINDS = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")  # "+" suffix: straight-through

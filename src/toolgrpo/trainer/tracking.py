@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from toolgrpo import progress as phases
+from toolgrpo.trainer.trackers import EXTRA_BACKENDS, extra_backends
 
 CONSOLE_KEYS = (
     "train/loss",
@@ -80,8 +81,10 @@ class Tracker:
         start_step: int = 0,
         console: Console | None = None,
         title: str = "train",
+        run_names: tuple[str, str] = ("toolgrpo", "run"),  # project, experiment (wandb, mlflow)
+        config: dict[str, Any] | None = None,
     ) -> None:
-        unknown = set(backends) - {"console", "jsonl", "tensorboard"}
+        unknown = set(backends) - {"console", "jsonl", "tensorboard", *EXTRA_BACKENDS}
         if unknown:
             raise ValueError(f"unknown trainer.logger backend(s) {sorted(unknown)}")
         self.dir = Path(output_dir)
@@ -95,6 +98,7 @@ class Tracker:
 
             self.tb = SummaryWriter(str(self.dir / "tensorboard"), purge_step=start_step + 1)
         self.console = console or Console(stderr=True)
+        self.extra = extra_backends(backends, self.dir, *run_names, config or {})
         self.progress = None
         if "console" in backends:
             self.progress = Progress(
@@ -127,6 +131,8 @@ class Tracker:
                 if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
                     self.tb.add_scalar(k, v, step)
             self.tb.flush()
+        for b in self.extra:
+            b.log(metrics, step)
         if self.progress is not None:
             self.progress.update(self.task, completed=step, description="")
             self.progress.console.print(console_line(metrics, step))
@@ -137,3 +143,5 @@ class Tracker:
             self.progress.stop()
         if self.tb is not None:
             self.tb.close()
+        for b in self.extra:
+            b.close()
