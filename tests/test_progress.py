@@ -38,24 +38,35 @@ class Lines:
         self.lines.append(text)
 
 
-def test_phase_ticks_from_threads_advance_a_live_bar_and_end_it():
+def test_phases_of_two_threads_do_not_mix_and_live_bars_end():
+    """Asynchronous rollouts: the rollout thread generates while the main thread updates."""
     bars, console = FakeBars(), Lines()
     console.is_terminal = True
     rep = progress.Reporter(console, bars)
     rep.label = "step 2"
     old = progress.set_reporter(rep)
-    try:
+    inside, release = threading.Event(), threading.Event()
+
+    def rollout_thread():
         with progress.phase("generation", 8, "episodes"):
-            assert bars.tasks == {0: ("step 2 generation", 8)}
-            threads = [threading.Thread(target=progress.tick) for _ in range(8)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
-            assert bars.done[0] == 8
+            for _ in range(8):
+                progress.tick()
+            inside.set()
+            release.wait(10)
+
+    try:
+        t = threading.Thread(target=rollout_thread)
+        t.start()
+        inside.wait(10)
+        with progress.phase("update", 2, "mini-batches"):
+            progress.tick()
+            assert bars.tasks == {0: ("step 2 generation", 8), 1: ("step 2 update", 2)}
+            assert bars.done == {0: 8, 1: 1}
+        release.set()
+        t.join()
     finally:
         progress.set_reporter(old)
-    assert bars.tasks == {} and console.lines == []  # the bar is gone, no line printed
+    assert bars.tasks == {} and console.lines == []  # the bars are gone, no line printed
 
 
 def test_without_a_terminal_one_line_per_phase_and_no_reporter_is_silent():

@@ -45,7 +45,16 @@ class Reporter:
 
 _lock = threading.Lock()
 _reporter: Reporter | None = None
-_stack: list[list[Any]] = []  # [handle, done] of open phases, innermost last
+# Open phases per thread, innermost last, as [handle, done]: with asynchronous rollouts the
+# rollout thread's generation and the main thread's update run at once and must not mix. Ticks
+# come from the thread that opened the phase (episodes run on its event loop).
+_local = threading.local()
+
+
+def _stack() -> list[list[Any]]:
+    if not hasattr(_local, "stack"):
+        _local.stack = []
+    return _local.stack
 
 
 def set_reporter(reporter: Reporter | None) -> Reporter | None:
@@ -70,27 +79,26 @@ def phase(name: str, total: int, unit: str = "") -> Iterator[None]:
     t0 = time.perf_counter()
     with _lock:
         slot = [rep.start(name, total, unit), 0]
-        _stack.append(slot)
+    stack = _stack()
+    stack.append(slot)
     try:
         yield
     finally:
-        with _lock:
-            if slot in _stack:
-                _stack.remove(slot)
+        if slot in stack:
+            stack.remove(slot)
         rep.finish(slot[0], name, slot[1], total, unit, time.perf_counter() - t0)
 
 
 def tick(n: int = 1) -> None:
-    """``n`` more units of the innermost open phase (thread-safe; a no-op with no reporter)."""
+    """``n`` more units of this thread's innermost open phase (a no-op with no reporter)."""
     rep = _reporter
-    if rep is None:
+    stack = _stack()
+    if rep is None or not stack:
         return
+    slot = stack[-1]
+    slot[1] += n
     with _lock:
-        if not _stack:
-            return
-        slot = _stack[-1]
-        slot[1] += n
-    rep.advance(slot[0], n)
+        rep.advance(slot[0], n)
 
 
 @contextmanager
