@@ -23,7 +23,7 @@ PANELS: tuple[tuple[str, tuple[str, ...] | str, bool], ...] = (
     ),
     ("Router: λ and cost", ("router/lambda", "router/cost/mean", "router/budget"), False),
     (
-        "Importance weights",
+        "Importance weights and clipping",
         (
             "actor/importance_log_ratio_mean",
             "actor/importance_weight_truncated_frac",
