@@ -115,6 +115,15 @@ class Tracker:
             self.reporter = phases.Reporter(self.console, self.progress)
             self._old_reporter = phases.set_reporter(self.reporter)
 
+    @classmethod
+    def for_run(cls, cfg: Any, out: Path, total_steps: int, start_step: int) -> Tracker:
+        """A training run's tracker: its backends, and its names and config for wandb/mlflow."""
+        from toolgrpo.config.schema import as_dict
+
+        t = cfg.trainer
+        names = (t.project_name, t.experiment_name)
+        return cls(out, t.logger, total_steps, start_step, run_names=names, config=as_dict(cfg))
+
     def begin_step(self, step: int) -> None:
         """Label the inside-step phases that follow (``step N generation: ...``)."""
         if self.progress is not None:

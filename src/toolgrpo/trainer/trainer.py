@@ -164,15 +164,7 @@ class Trainer(RolloutStage):
     def fit(self) -> list[dict[str, Any]]:
         t = self.cfg.trainer
         (self.out / "config.yaml").write_text(to_yaml(self.cfg))
-        names = (t.project_name, t.experiment_name)
-        tracker = Tracker(
-            self.out,
-            t.logger,
-            self.total_steps,
-            self.step,
-            run_names=names,
-            config=as_dict(self.cfg),
-        )
+        tracker = Tracker.for_run(self.cfg, self.out, self.total_steps, self.step)
         history = []
         watch = NoSignalWatch(t.warn_no_signal_steps, self.cfg.algorithm.adv_estimator != "gae")
         producer = self._start_async() if self.cfg.async_training.enable else None
