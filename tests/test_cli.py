@@ -107,10 +107,10 @@ def test_unknown_logger_is_refused_before_the_model_loads(
     tiny_model_dir, tiny_data, tmp_path, capsys, no_model
 ):
     """Was raised by the Tracker, after the model had loaded, as a traceback."""
-    args = _train(tiny_model_dir, tiny_data, tmp_path / "run", **{"trainer.logger": "[wandb]"})
+    args = _train(tiny_model_dir, tiny_data, tmp_path / "run", **{"trainer.logger": "[comet]"})
     assert main(args) == 2
     line = _error_line(capsys, "train")
-    assert "trainer.logger='wandb' is not one of console, jsonl, tensorboard" in line
+    assert "trainer.logger='comet' is not one of console, jsonl, tensorboard, wandb, mlflow" in line
 
 
 def test_bad_val_file_is_refused_before_the_model_loads(

@@ -50,7 +50,15 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from toolgrpo.eval.cli import run_eval
 
     path, overrides = _split(args.rest)
-    return run_eval(path, overrides, args.checkpoint, args.output, args.limit, args.samples)
+    return run_eval(
+        path,
+        overrides,
+        args.checkpoint,
+        args.output,
+        args.limit,
+        args.samples,
+        args.rollout_data_dir,
+    )
 
 
 def cmd_sft(args: argparse.Namespace) -> int:
@@ -82,6 +90,14 @@ def cmd_infer(args: argparse.Namespace) -> int:
         sample=args.sample,
         route=args.route,
     )
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from toolgrpo.report.html import write_report
+
+    out = write_report(args.run_dir, args.output, args.rollout_data_dir)
+    print(f"wrote {out} (open it in a browser; it needs no network)")
     return 0
 
 
@@ -130,8 +146,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--output", default=None, help="where to write the JSON result")
     p.add_argument("--limit", type=int, default=-1, help="evaluate only the first N tasks")
     p.add_argument("--samples", type=int, default=5, help="decoded samples kept in the JSON")
+    p.add_argument(
+        "--rollout-data-dir", default=None, help="write every episode to DIR/0.jsonl (report)"
+    )
     p.add_argument("rest", nargs=argparse.REMAINDER)
     p.set_defaults(func=cmd_eval)
+    p = sub.add_parser("report", help="one self-contained HTML page of a run")
+    p.add_argument("run_dir", help="a training run's trainer.output_dir")
+    p.add_argument("--output", default=None, help="where to write it (default RUN_DIR/report.html)")
+    p.add_argument("--rollout-data-dir", default=None, help="dumps elsewhere than the config says")
+    p.set_defaults(func=cmd_report)
     p = sub.add_parser("sft", help="supervised fine-tuning: [config.yaml] [key=value ...]")
     p.add_argument("rest", nargs=argparse.REMAINDER)
     p.set_defaults(func=cmd_sft)

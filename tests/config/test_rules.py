@@ -94,7 +94,7 @@ BAD_TRAIN = [
     ("trainer.test_freq", "-5"),
     ("trainer.max_checkpoints", "-1"),
     ("trainer.seed", "-7"),
-    ("trainer.logger", "[console, wandb]"),  # refused only after the model loaded
+    ("trainer.logger", "[console, comet]"),  # refused only after the model loaded
     ("trainer.warn_no_signal_steps", "-1"),
     ("trainer.distributed.num_cpus_per_worker", "0"),
     ("async_training.staleness_threshold", "-1"),
@@ -131,7 +131,7 @@ BAD_SFT = [
     ("trainer.grad_clip", "0"),
     ("trainer.num_threads", "-2"),
     ("trainer.total_training_steps", "0"),
-    ("trainer.logger", "[wandb]"),
+    ("trainer.logger", "[comet]"),
 ]
 
 

@@ -111,7 +111,7 @@ PROB = Num(0, 1, low_open=True)  # (0, 1]: top_p
 ALL_OR_POS = Num(1, sentinels=(-1,))  # -1 = all
 TOP_K = Num(-1)  # -1 = off (0 is off in HF too)
 DTYPES = ("auto", "bfloat16", "float32")
-LOGGERS = ("console", "jsonl", "tensorboard")
+LOGGERS = ("console", "jsonl", "tensorboard", "wandb", "mlflow")  # the last two: extras
 ADV_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "gae")
 AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 KL_KINDS = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")  # "+" suffix: straight-through
@@ -220,6 +220,7 @@ TRAIN_RULES: dict[str, Any] = {
     "trainer.logger": OneOf(LOGGERS, each=True),
     "trainer.num_threads": NONNEG,  # 0 = torch default
     "trainer.warn_no_signal_steps": NONNEG,  # 0 = never warn
+    "trainer.rollout_data_samples_per_step": Num(0, sentinels=(-1,)),  # -1 = all
     "trainer.distributed.backend": OneOf(("local", "ray")),
     "trainer.distributed.num_rollout_workers": POS,
     "trainer.distributed.num_cpus_per_worker": POS,
@@ -284,6 +285,7 @@ FREE_KEYS = frozenset(
         "trainer.project_name",
         "trainer.experiment_name",
         "trainer.output_dir",
+        "trainer.rollout_data_dir",  # a directory; "" = no dumps
         "trainer.resume",  # auto | disable | a checkpoint directory
         "trainer.distributed.address",
         _R + "stop",  # checked in validate.py: non-empty strings

@@ -270,6 +270,9 @@ class TrainerConfig:
     # Warn when this many steps in a row carry no learning signal (every reward non-finite, or
     # every group's scores all equal); 0 = never.
     warn_no_signal_steps: int = 3
+    # verl's key: each step's episodes as <dir>/<step>.jsonl ("" = off; ``toolgrpo eval`` too)
+    rollout_data_dir: str = ""
+    rollout_data_samples_per_step: int = 64  # rows written per step, whole groups first; -1 = all
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
 
 

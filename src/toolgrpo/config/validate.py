@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import re
 from typing import Any
@@ -39,6 +40,11 @@ def _positive(value: float, key: str) -> None:
 def validate_train_config(cfg: TrainConfig) -> None:
     """Raise ConfigError naming the key for any setting the trainer cannot honour."""
     check_rules(cfg, TRAIN_RULES)  # every number's range and every name's choices
+    for b in ("wandb", "mlflow"):  # optional trackers: a missing extra fails before the model
+        if b in cfg.trainer.logger and importlib.util.find_spec(b) is None:
+            raise ConfigError(
+                f"trainer.logger={b} needs the {b} package: pip install 'toolgrpo[{b}]'"
+            )
     d, a, r, alg = (
         cfg.data,
         cfg.actor_rollout_ref.actor,

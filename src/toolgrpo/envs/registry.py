@@ -32,6 +32,8 @@ _BUILTIN = {
     "direct": "toolgrpo.envs.direct",
     "bfcl_multi_turn": "toolgrpo.envs.bfcl",
     "remote": "toolgrpo.envs.remote",
+    "mcp": "toolgrpo.envs.mcp",  # needs the extra toolgrpo[mcp]
+    "openenv": "toolgrpo.envs.openenv",  # needs the extra toolgrpo[openenv]
 }
 
 

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
+from toolgrpo import progress
 from toolgrpo.config.loader import load_config
 from toolgrpo.config.schema import TrainConfig
 from toolgrpo.config.validate import validate_train_config
@@ -18,6 +20,7 @@ from toolgrpo.models.loading import load_policy
 from toolgrpo.rewards.scoring import check_task
 from toolgrpo.rewards.types import RllaFlags
 from toolgrpo.rollout.hf import HFGenerator
+from toolgrpo.trainer.rollout_dump import make_dumper
 
 
 def apply_checkpoint(cfg: TrainConfig, checkpoint: str) -> str:
@@ -35,15 +38,24 @@ def apply_checkpoint(cfg: TrainConfig, checkpoint: str) -> str:
     return str(p)
 
 
-def run_eval(
+def run_eval(*args: Any, **kwargs: Any) -> int:
+    """``toolgrpo eval``, with progress on stderr (bars on a terminal, else a line per phase)."""
+    with progress.console_progress("eval"):
+        return _run_eval(*args, **kwargs)
+
+
+def _run_eval(
     config_path: str | None,
     overrides: list[str],
     checkpoint: str | None,
     output: str | None,
     limit: int,
     keep_samples: int,
+    rollout_data_dir: str | None = None,
 ) -> int:
     cfg = load_config(TrainConfig, config_path, overrides)
+    if rollout_data_dir:  # --rollout-data-dir: the same dumps as trainer.rollout_data_dir
+        cfg.trainer.rollout_data_dir = rollout_data_dir
     validate_train_config(cfg)
     if cfg.trainer.num_threads > 0:
         import torch
@@ -64,17 +76,19 @@ def run_eval(
     params = val_sampling_params(cfg)
     gen = HFGenerator(policy.model, policy.tokenizer, policy.dtype, d.val_batch_size)
     flags = RllaFlags(**vars(cfg.reward.rlla))
-    res = evaluate(
-        gen,
-        policy.tokenizer,
-        tasks,
-        params,
-        d.max_prompt_length,
-        0,
-        flags,
-        keep_samples,
-        d.val_batch_size,
-    )
+    with progress.phase("generation", len(tasks) * params.n, "samples"):
+        res = evaluate(
+            gen,
+            policy.tokenizer,
+            tasks,
+            params,
+            d.max_prompt_length,
+            0,
+            flags,
+            keep_samples,
+            d.val_batch_size,
+            make_dumper(cfg.trainer),
+        )
     record = {"model": label, "val_files": d.val_files, **res.to_dict()}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=1))

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from toolgrpo import progress
 from toolgrpo.config.schema import TrainConfig
 from toolgrpo.data.loader import DataError
 from toolgrpo.data.task import Task
@@ -14,6 +15,7 @@ from toolgrpo.rewards.scoring import Score, score, supports
 from toolgrpo.rewards.types import RllaFlags
 from toolgrpo.rollout.generator import Completion, Generator, SamplingParams
 from toolgrpo.rollout.single_turn import rollout_tasks, solution_text
+from toolgrpo.trainer.rollout_dump import RolloutDumper, completion_record
 
 
 def val_sampling_params(cfg: TrainConfig) -> SamplingParams:
@@ -95,6 +97,7 @@ def evaluate(
     flags: RllaFlags | None = None,
     keep_samples: int = 0,
     batch_size: int = 16,
+    dumper: RolloutDumper | None = None,
 ) -> EvalResult:
     """Generate ``params.n`` samples per task and score them with the task's reward."""
     t0 = time.time()
@@ -102,11 +105,21 @@ def evaluate(
     for s in range(0, len(tasks), batch_size):
         chunk = tasks[s : s + batch_size]
         completions.extend(rollout_tasks(generator, tokenizer, chunk, params, max_prompt_length))
+        progress.tick(len(chunk) * params.n)
     owners = [t for t in tasks for _ in range(params.n)]
     scores = [
         score(t, solution_text(tokenizer, c), step, flags)
         for t, c in zip(owners, completions, strict=True)
     ]
+    if dumper is not None:  # trainer.rollout_data_dir: the samples as step <step>'s dump
+        rows = zip(completions, owners, scores, strict=True)
+        dumper.write(
+            step,
+            [
+                completion_record(c, t, f"{t.task_id}", s, tokenizer, "actor", None)
+                for c, t, s in rows
+            ],
+        )
     samples = [
         {
             "task_id": t.task_id,

@@ -17,6 +17,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from toolgrpo import progress
 from toolgrpo.config.loader import ConfigError
 from toolgrpo.config.schema import TrainConfig
 from toolgrpo.data.task import Task
@@ -41,6 +42,7 @@ from toolgrpo.router.runtime import RouteCondition
 from toolgrpo.router.spec import SPEC_KEY, families_from_spec
 from toolgrpo.router.usage import CostModel
 from toolgrpo.trainer.episodes import EpisodeRunner, make_router
+from toolgrpo.trainer.rollout_dump import make_dumper
 
 
 def plays_episodes(cfg: TrainConfig, tasks: Sequence[Task]) -> bool:
@@ -133,22 +135,25 @@ def evaluate_episodes(
     routes, routing = None, None
     try:
         runner = EpisodeRunner(cfg, generator, policy.tokenizer, envs)
+        n = val_sampling_params(cfg).n
+
+        def play(ts: Sequence[Task], conds: Any = None) -> list[Episode]:
+            total = len(conds) if conds is not None else len(ts) * n
+            with progress.phase("episodes", total, "episodes"):
+                return play_validation(runner, cfg, ts, 0, 0, conds)
+
         if checkpoint and router_head(cfg, checkpoint):
             setup = checkpoint_setup(cfg, policy, checkpoint, tasks, envs)
-            run = play_routed(
-                setup,
-                tasks,
-                val_sampling_params(cfg).n,
-                cfg.data.max_prompt_length,
-                lambda ts, conds: play_validation(runner, cfg, ts, 0, 0, conds),
-            )
+            run = play_routed(setup, tasks, n, cfg.data.max_prompt_length, play)
             episodes, routes, routing = run.episodes, run.routes, run.report
         else:
-            episodes = play_validation(runner, cfg, tasks, 0, 0)
+            episodes = play(tasks)
     finally:
         close = getattr(generator, "close", None)
         if close is not None:
             close()
+    if (dumper := make_dumper(cfg.trainer)) is not None:
+        dumper.write_episodes(0, episodes, policy.tokenizer, routes=routes)
     summary = summarize_episodes(episodes, routes=routes)
     metrics = summary_metrics(summary, "val")
     if routing is not None:

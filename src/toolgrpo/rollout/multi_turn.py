@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from toolgrpo import progress
 from toolgrpo.data.task import Task
 from toolgrpo.envs.base import Env, EnvStart, Transcript
 from toolgrpo.envs.registry import EnvRouter
@@ -305,6 +306,7 @@ async def play_tasks(
                     await env.close()
                 except Exception as exc:  # closing is best effort
                     log.warning("closing env for %s failed: %s", task.task_id, exc)
+            progress.tick()  # one more episode finished (live progress, issue #20)
 
     jobs = []
     for t, task in enumerate(tasks):

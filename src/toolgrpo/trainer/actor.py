@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from toolgrpo import progress
 from toolgrpo.algos import agg_loss, get_policy_loss, kl_loss, value_loss
 from toolgrpo.config.schema import TrainConfig
 from toolgrpo.models.loading import Policy, load_policy, trainable_parameters
@@ -121,8 +122,29 @@ class Actor:
         self.policy.model.train()
         sums: dict[str, float] = defaultdict(float)
         grad_norms = []
+        minis = minibatch_indices(batch.uids, max(1, acfg.ppo_mini_batch_size))
+        with progress.phase("update", acfg.ppo_epochs * len(minis), "mini-batches"):
+            self._epochs(batch, minis, sums, grad_norms)
+        self.scheduler.step()
+        count = max(sums.pop("_weight"), 1.0)
+        skips = sums.pop("actor/nonfinite_grad_skips", 0.0)
+        metrics = {k: v / count for k, v in sums.items()}
+        metrics["actor/grad_norm"] = sum(grad_norms) / max(len(grad_norms), 1)
+        metrics["actor/lr"] = self.optimizer.param_groups[0]["lr"]
+        metrics["actor/nonfinite_grad_skips"] = skips
+        return metrics
+
+    def _epochs(
+        self,
+        batch: Batch,
+        minis: list[list[int]],
+        sums: dict[str, float],
+        grad_norms: list[float],
+    ) -> None:
+        """PPO epochs × mini-batches; sums metrics and grad norms in place."""
+        acfg = self.cfg.actor_rollout_ref.actor
         for _ in range(acfg.ppo_epochs):
-            for rows in minibatch_indices(batch.uids, max(1, acfg.ppo_mini_batch_size)):
+            for rows in minis:
                 mini = batch.select(rows)
                 self.optimizer.zero_grad(set_to_none=True)
                 denom = _agg_count(mini.response_mask_BR, acfg.loss_agg_mode)
@@ -143,14 +165,7 @@ class Actor:
                 else:
                     sums["actor/nonfinite_grad_skips"] += 1.0
                 grad_norms.append(float(norm))
-        self.scheduler.step()
-        count = max(sums.pop("_weight"), 1.0)
-        skips = sums.pop("actor/nonfinite_grad_skips", 0.0)
-        metrics = {k: v / count for k, v in sums.items()}
-        metrics["actor/grad_norm"] = sum(grad_norms) / max(len(grad_norms), 1)
-        metrics["actor/lr"] = self.optimizer.param_groups[0]["lr"]
-        metrics["actor/nonfinite_grad_skips"] = skips
-        return metrics
+                progress.tick()
 
     def _micro_loss(self, mb: Batch) -> tuple[torch.Tensor, dict[str, float]]:
         acfg = self.cfg.actor_rollout_ref.actor

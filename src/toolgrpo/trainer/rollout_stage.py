@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from toolgrpo import progress
 from toolgrpo.data.task import Task
 from toolgrpo.mixture import ACTOR, RolloutPart
 from toolgrpo.rewards.scoring import Score, is_finite, score
@@ -26,6 +27,7 @@ from toolgrpo.trainer.batch import Batch, collate, negative_parents
 from toolgrpo.trainer.episode_metrics import episode_metrics
 from toolgrpo.trainer.episodes import NonFiniteReward, stand_in_rewards
 from toolgrpo.trainer.metrics import completion_metrics
+from toolgrpo.trainer.rollout_dump import RolloutDumper, completion_record
 
 if TYPE_CHECKING:
     from toolgrpo.config.schema import TrainConfig
@@ -59,6 +61,8 @@ class RolloutStage:
     episodes: EpisodeRunner | None
     router: RouterRuntime | None
     step: int
+    dumper: RolloutDumper | None = None  # trainer.rollout_data_dir
+    _routes: list[str | None]
 
     def produce(self, step: int, indices: list[int], generator: Any) -> Rolled:
         """Rollout and reward for one step's tasks: the batch, its rollout metrics and timings."""
@@ -69,11 +73,17 @@ class RolloutStage:
         items, policies = self._generate(step, tasks, generator)
         timing["timing/gen_s"] = time.perf_counter() - t0
         if self.episodes is not None:
+            if self.dumper is not None:
+                self.dumper.write_episodes(step, items, self.tokenizer, policies, self._routes)
             return self._episode_batch(step, items, policies, timing)
         completions, uids, owners = (list(x) for x in zip(*items, strict=True))
         t0 = time.perf_counter()
         scores, nonfinite = self.reward(owners, completions, step)
         timing["timing/reward_s"] = time.perf_counter() - t0
+        if self.dumper is not None:
+            rows = zip(completions, owners, uids, scores, policies, self._routes, strict=True)
+            tok = self.tokenizer
+            self.dumper.write(step, [completion_record(*r[:4], tok, *r[4:]) for r in rows])
         batch = collate(completions, uids, self.tokenizer.pad_token_id)
         batch.task_types = [t.task_type for t in owners]
         batch.scores_B = torch.tensor([s.total for s in scores], dtype=torch.float32)
@@ -119,7 +129,12 @@ class RolloutStage:
         that sampled it (the actor, or a fixed policy of the mixture)."""
         items: list = []
         policies: list[str] = []
-        with self._rollout_parts(step, tasks, generator) as parts:
+        self._routes = []  # the router's route per rollout (None without the router), for dumps
+        unit = "episodes" if self.episodes is not None else "samples"
+        with (
+            progress.phase("generation", len(tasks) * self.sampling.n, unit),
+            self._rollout_parts(step, tasks, generator) as parts,
+        ):
             for p in parts:
                 p.activate()  # a shared vLLM engine gets this policy's weights back
                 # With the router, each rollout's route is sampled first and rewrites its prompt.
@@ -133,8 +148,11 @@ class RolloutStage:
                     got = self.router.rollout(plan, p.generator, p.params)
                 else:
                     got = list(zip(*self.rollout(p.tasks, p.generator, p.params), strict=True))
+                if self.episodes is None:
+                    progress.tick(len(got))  # episodes tick as each one ends
                 items += got
                 policies += [p.policy] * len(got)
+                self._routes += plan.routes if plan is not None else [None] * len(got)
         return items, policies
 
     def _rollout_parts(

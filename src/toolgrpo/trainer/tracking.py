@@ -14,6 +14,9 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+from toolgrpo import progress as phases
+from toolgrpo.trainer.trackers import EXTRA_BACKENDS, extra_backends
+
 CONSOLE_KEYS = (
     "train/loss",
     "train/lr",
@@ -25,6 +28,27 @@ CONSOLE_KEYS = (
     "response_length/mean",
     "timing/step_s",
 )
+# Held-out metrics shown when a line has them (the step-0 line has nothing else), episode or
+# single-turn validation.
+VAL_CONSOLE_KEYS = (
+    "val/all/accuracy",
+    "val/all/reward_mean",
+    "val/all/tool_call_rate",
+    "val/all/tool_error_rate",
+    "val/reward/mean",
+    "val/format_rate",
+    "val/exact_call_rate",
+)
+
+
+def console_line(metrics: dict[str, Any], step: int) -> str:
+    """``step N: key=value ...`` of the console keys present (training, then held-out)."""
+    shown = "  ".join(
+        f"{k.split('/', 1)[-1] if k.startswith('reward/') else k}={metrics[k]:.3g}"
+        for k in (*CONSOLE_KEYS, *VAL_CONSOLE_KEYS)
+        if isinstance(metrics.get(k), (int, float))
+    )
+    return f"step {step}: {shown}" if shown else f"step {step}: (no metrics)"
 
 
 def truncate_jsonl(path: Path, last_step: int) -> None:
@@ -57,8 +81,10 @@ class Tracker:
         start_step: int = 0,
         console: Console | None = None,
         title: str = "train",
+        run_names: tuple[str, str] = ("toolgrpo", "run"),  # project, experiment (wandb, mlflow)
+        config: dict[str, Any] | None = None,
     ) -> None:
-        unknown = set(backends) - {"console", "jsonl", "tensorboard"}
+        unknown = set(backends) - {"console", "jsonl", "tensorboard", *EXTRA_BACKENDS}
         if unknown:
             raise ValueError(f"unknown trainer.logger backend(s) {sorted(unknown)}")
         self.dir = Path(output_dir)
@@ -72,6 +98,7 @@ class Tracker:
 
             self.tb = SummaryWriter(str(self.dir / "tensorboard"), purge_step=start_step + 1)
         self.console = console or Console(stderr=True)
+        self.extra = extra_backends(backends, self.dir, *run_names, config or {})
         self.progress = None
         if "console" in backends:
             self.progress = Progress(
@@ -84,6 +111,23 @@ class Tracker:
             )
             self.progress.start()
             self.task = self.progress.add_task("", total=total_steps, completed=start_step)
+            # Inside-step phases (generation, validation, update): bars on a terminal, else lines.
+            self.reporter = phases.Reporter(self.console, self.progress)
+            self._old_reporter = phases.set_reporter(self.reporter)
+
+    @classmethod
+    def for_run(cls, cfg: Any, out: Path, total_steps: int, start_step: int) -> Tracker:
+        """A training run's tracker: its backends, and its names and config for wandb/mlflow."""
+        from toolgrpo.config.schema import as_dict
+
+        t = cfg.trainer
+        names = (t.project_name, t.experiment_name)
+        return cls(out, t.logger, total_steps, start_step, run_names=names, config=as_dict(cfg))
+
+    def begin_step(self, step: int) -> None:
+        """Label the inside-step phases that follow (``step N generation: ...``)."""
+        if self.progress is not None:
+            self.reporter.label = f"step {step}"
 
     def log(self, metrics: dict[str, Any], step: int) -> None:
         record = {"step": step, **{k: _clean(v) for k, v in metrics.items()}}
@@ -96,17 +140,17 @@ class Tracker:
                 if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
                     self.tb.add_scalar(k, v, step)
             self.tb.flush()
+        for b in self.extra:
+            b.log(metrics, step)
         if self.progress is not None:
-            shown = "  ".join(
-                f"{k.split('/', 1)[-1] if k.startswith('reward/') else k}={metrics[k]:.3g}"
-                for k in CONSOLE_KEYS
-                if isinstance(metrics.get(k), (int, float))
-            )
             self.progress.update(self.task, completed=step, description="")
-            self.progress.console.print(f"step {step}: {shown}")
+            self.progress.console.print(console_line(metrics, step))
 
     def close(self) -> None:
         if self.progress is not None:
+            phases.set_reporter(self._old_reporter)
             self.progress.stop()
         if self.tb is not None:
             self.tb.close()
+        for b in self.extra:
+            b.close()

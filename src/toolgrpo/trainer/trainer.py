@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from toolgrpo import progress
 from toolgrpo.algos import (
     apply_kl_in_reward,
     compute_advantages,
@@ -27,7 +28,7 @@ from toolgrpo.config.schema import TrainConfig, as_dict
 from toolgrpo.config.validate import validate_train_config
 from toolgrpo.data.loader import load_tasks
 from toolgrpo.data.task import Task
-from toolgrpo.eval.evaluate import check_scorable
+from toolgrpo.eval.evaluate import check_scorable, val_sampling_params
 from toolgrpo.mixture import Mixture
 from toolgrpo.models.loading import load_policy, load_tokenizer
 from toolgrpo.models.registry import resolve_model
@@ -45,8 +46,10 @@ from toolgrpo.trainer.episodes import EpisodeRunner, make_router
 from toolgrpo.trainer.metrics import NoSignalWatch, batch_metrics, negative_metrics
 from toolgrpo.trainer.replay import AsyncRollout
 from toolgrpo.trainer.resume import prepare_output_dir
+from toolgrpo.trainer.rollout_dump import make_dumper
 from toolgrpo.trainer.rollout_stage import Rolled, RolloutStage
 from toolgrpo.trainer.sampler import TaskSampler
+from toolgrpo.trainer.summary import summary_lines
 from toolgrpo.trainer.tracking import Tracker
 from toolgrpo.trainer.validation import validate
 
@@ -107,6 +110,7 @@ class Trainer(RolloutStage):
         )
         # A fixed policy sharing rollout duty (issue #5), off unless rollout_only.model_path is set.
         self.mixture = Mixture(cfg, self.tokenizer) if cfg.rollout_only.model_path else None
+        self.dumper = make_dumper(cfg.trainer)  # trainer.rollout_data_dir (verl's key)
         self.total_steps = cfg.trainer.total_training_steps
         self.actor = Actor(self.policy, cfg, self.total_steps)
         kc = cfg.algorithm.kl_ctrl
@@ -159,15 +163,17 @@ class Trainer(RolloutStage):
     def fit(self) -> list[dict[str, Any]]:
         t = self.cfg.trainer
         (self.out / "config.yaml").write_text(to_yaml(self.cfg))
-        tracker = Tracker(self.out, t.logger, self.total_steps, start_step=self.step)
+        tracker = Tracker.for_run(self.cfg, self.out, self.total_steps, self.step)
         history = []
         watch = NoSignalWatch(t.warn_no_signal_steps, self.cfg.algorithm.adv_estimator != "gae")
         producer = self._start_async() if self.cfg.async_training.enable else None
         try:
             if t.val_before_train and self.step == 0:
+                tracker.begin_step(0)
                 tracker.log(self.validate(0), 0)
             while self.step < self.total_steps:
                 step = self.step + 1
+                tracker.begin_step(step)
                 metrics = self.train_step(step, producer)
                 self.step = step
                 if t.test_freq > 0 and step % t.test_freq == 0:
@@ -184,6 +190,8 @@ class Trainer(RolloutStage):
             if producer is not None:
                 producer.close()
             tracker.close()
+        for line in summary_lines(self.out, history, t):  # where things are, what to open
+            tracker.console.print(line, soft_wrap=True, markup=False, highlight=False)
         return history
 
     def train_step(self, step: int, producer: AsyncRollout | None = None) -> dict[str, Any]:
@@ -321,7 +329,9 @@ class Trainer(RolloutStage):
         """Same tasks and settings as ``toolgrpo eval`` (trainer/validation.py)."""
         if self._val_tasks is None:
             self._val_tasks = self._read_val()
-        return validate(self, self._val_tasks, step)
+        total = len(self._val_tasks) * val_sampling_params(self.cfg).n
+        with progress.phase("validation", total, "episodes" if self.episodes else "samples"):
+            return validate(self, self._val_tasks, step)
 
     def _read_val(self) -> list[Task]:
         d = self.cfg.data

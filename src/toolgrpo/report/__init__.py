@@ -1,0 +1,1 @@
+"""``toolgrpo report``: one self-contained HTML page of a run (config, curves, trajectories)."""

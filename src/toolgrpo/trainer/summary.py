@@ -1,0 +1,54 @@
+"""The end-of-run summary: where the outputs are, the best held-out score, what to open next."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+from typing import Any
+
+HELD_OUT_KEYS = ("val/all/accuracy", "val/all/reward_mean", "val/reward/mean")
+
+
+def best_held_out(metrics: list[dict[str, Any]]) -> tuple[str, float, int] | None:
+    """The best held-out score and its (earliest) step: accuracy when logged, else mean reward."""
+    for key in HELD_OUT_KEYS:
+        pts = [(r[key], r.get("step", 0)) for r in metrics if isinstance(r.get(key), (int, float))]
+        if pts:
+            v, s = max(pts, key=lambda p: (p[0], -p[1]))
+            return key, float(v), int(s)
+    return None
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    rows = []
+    if path.is_file():
+        for line in path.read_text(errors="replace").splitlines():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue  # a torn line
+    return rows
+
+
+def summary_lines(out: Path, history: list[dict[str, Any]], trainer_cfg: Any) -> list[str]:
+    """What a user needs after a run, as plain lines (also printed when the run stopped early)."""
+    metrics = read_metrics(out / "metrics.jsonl") or history
+    q = shlex.quote(str(out))
+    lines = [f"outputs: {out}"]
+    ckpts = sorted(out.glob("checkpoints/global_step_*"), key=lambda p: p.stat().st_mtime)
+    if ckpts:
+        lines.append(f"  latest checkpoint: {ckpts[-1]}")
+    if (out / "metrics.jsonl").is_file():
+        lines.append(f"  metrics: {out / 'metrics.jsonl'}")
+    if trainer_cfg.rollout_data_dir:
+        lines.append(f"  rollout dumps: {trainer_cfg.rollout_data_dir}")
+    best = best_held_out(metrics)
+    if best is not None:
+        lines.append(f"best held-out {best[0]} = {best[1]:.4g} at step {best[2]}")
+    else:
+        lines.append("no held-out metrics (set trainer.test_freq or trainer.val_before_train)")
+    lines.append(f"report: toolgrpo report {q}  (writes {out / 'report.html'}, opens offline)")
+    if "tensorboard" in trainer_cfg.logger:
+        lines.append(f"TensorBoard: tensorboard --logdir {shlex.quote(str(out / 'tensorboard'))}")
+    return lines

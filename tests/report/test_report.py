@@ -1,0 +1,55 @@
+"""``toolgrpo report`` (issue #20 item 2) without a browser: what the page holds and refuses."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from tests.report.runs import HOSTILE, make_run
+from toolgrpo.cli import main
+from toolgrpo.report.data import ReportError, load_run
+from toolgrpo.report.html import write_report
+from toolgrpo.trainer.summary import best_held_out
+
+
+def embedded(page: str) -> dict:
+    m = re.search(r"<script type='application/json' id='rollouts'>\n(.*?)\n</script>", page, re.S)
+    assert m is not None
+    return json.loads(m.group(1))
+
+
+def test_report_is_self_contained_and_holds_every_dumped_episode(tmp_path):
+    run = make_run(tmp_path, steps=3, group=4, tasks=2)
+    assert main(["report", str(run)]) == 0
+    page = (run / "report.html").read_text()
+    # Nothing to fetch at view time: no external script, style, image or font.
+    assert not re.search(r"(src|href)\s*=\s*['\"]?(https?:)?//", page)
+    assert page.count("<svg") >= 4  # reward, held-out, tools, router, timing panels
+    rows = embedded(page)
+    assert sorted(rows) == ["1", "2", "3"] and all(len(v) == 10 for v in rows.values())
+    assert "1 unreadable lines skipped" in page  # the torn line is counted, not fatal
+    # Model output and config text never become markup.
+    assert HOSTILE not in page
+    assert "</script><script>window.pwned" not in page.split("<script type='application/json'")[1]
+
+
+def test_best_held_out_picks_the_highest_accuracy(tmp_path):
+    data = load_run(make_run(tmp_path))
+    assert best_held_out(data.metrics) == ("val/all/accuracy", pytest.approx(0.3), 3)
+
+
+def test_empty_or_missing_run_is_one_line_error(tmp_path, capsys):
+    with pytest.raises(ReportError, match="no config.yaml"):
+        write_report(tmp_path)
+    assert main(["report", str(tmp_path / "nope")]) == 2
+    assert "is not a directory" in capsys.readouterr().err
+
+
+def test_report_without_dumps_says_how_to_get_them(tmp_path):
+    run = tmp_path / "r"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text('{"step": 1, "reward/mean": 0.5}\n')
+    page = write_report(run).read_text()
+    assert "trainer.rollout_data_dir" in page and embedded(page) == {}
