@@ -124,7 +124,9 @@ class HFGenerator:
         self.model.eval()
         try:
             enabled = self.dtype != torch.float32
-            with torch.autocast("cpu", dtype=self.dtype, enabled=enabled):
+            device = next(self.model.parameters()).device  # trainer.device (or CPU)
+            ids, mask = ids.to(device), mask.to(device)
+            with torch.autocast(device.type, dtype=self.dtype, enabled=enabled):
                 cache = self._prefill(ids, mask, params.n)
                 seqs = self.model.generate(
                     input_ids=ids.repeat_interleave(params.n, dim=0),

@@ -27,6 +27,7 @@ from toolgrpo.config.schema import TrainConfig, as_dict
 from toolgrpo.config.validate import validate_train_config
 from toolgrpo.data.loader import load_tasks
 from toolgrpo.data.task import Task
+from toolgrpo.distributed.fsdp import start_ranks
 from toolgrpo.eval.episodes import summarize_episodes, summary_metrics
 from toolgrpo.eval.evaluate import check_scorable, evaluate, val_sampling_params
 from toolgrpo.eval.routes import greedy_routes, route_conditions
@@ -46,6 +47,12 @@ from toolgrpo.trainer.batch import Batch
 from toolgrpo.trainer.episode_metrics import episode_metrics
 from toolgrpo.trainer.episodes import EpisodeRunner, make_router, warn_env_failures
 from toolgrpo.trainer.metrics import NoSignalWatch, batch_metrics, negative_metrics
+from toolgrpo.trainer.parallel import (
+    NullTracker,
+    actor_policy,
+    check_strategy,
+    refresh_rollout_copy,
+)
 from toolgrpo.trainer.replay import AsyncRollout
 from toolgrpo.trainer.resume import prepare_output_dir
 from toolgrpo.trainer.rollout_stage import Rolled, RolloutStage
@@ -58,7 +65,9 @@ log = logging.getLogger(__name__)
 class Trainer(RolloutStage):
     def __init__(self, cfg: TrainConfig) -> None:
         validate_train_config(cfg)
+        check_strategy(cfg)
         self.cfg = cfg
+        self.ranks = start_ranks(cfg)  # trainer.device and, with fsdp2, the process group
         # Data before the model: a bad file fails in seconds, not after minutes of loading. The
         # tokenizer alone suffices to filter long prompts.
         self.tokenizer = load_tokenizer(resolve_model(cfg.actor_rollout_ref.model.path).hf_dir)
@@ -73,10 +82,11 @@ class Trainer(RolloutStage):
         torch.manual_seed(cfg.trainer.seed)
         self.out = Path(cfg.trainer.output_dir)
         # Before the model loads: an earlier run here is resumed, refused, or moved aside.
-        prepare_output_dir(
-            self.out, cfg.trainer.resume, cfg.trainer.overwrite_output_dir, as_dict(cfg)
-        )
-        self.policy = load_policy(cfg.actor_rollout_ref.model)
+        if self.ranks.main:
+            prepare_output_dir(
+                self.out, cfg.trainer.resume, cfg.trainer.overwrite_output_dir, as_dict(cfg)
+            )
+        self.policy = load_policy(cfg.actor_rollout_ref.model, device=self.ranks.device)
         self.tokenizer = self.policy.tokenizer
         self.sampler = TaskSampler(
             len(self.tasks), cfg.data.train_batch_size, cfg.data.seed, cfg.data.shuffle
@@ -94,11 +104,13 @@ class Trainer(RolloutStage):
     def _setup(self, cfg: TrainConfig) -> None:
         r = cfg.actor_rollout_ref.rollout
         # Rollouts run here (HF or vLLM), or on Ray workers that hold their own generators.
-        if cfg.trainer.distributed.backend == "ray":
+        main = self.ranks.main  # with fsdp2 only rank 0 samples
+        if cfg.trainer.distributed.backend == "ray" and main:
             from toolgrpo.distributed.pool import RolloutPool
 
             self.pool = RolloutPool(cfg)
-        self.generator = self.pool.generator if self.pool else make_generator(cfg, self.policy)
+        if main:
+            self.generator = self.pool.generator if self.pool else make_generator(cfg, self.policy)
         self.sampling = SamplingParams(
             n=r.n,
             temperature=r.temperature,
@@ -110,7 +122,7 @@ class Trainer(RolloutStage):
         # A fixed policy sharing rollout duty (issue #5), off unless rollout_only.model_path is set.
         self.mixture = Mixture(cfg, self.tokenizer) if cfg.rollout_only.model_path else None
         self.total_steps = cfg.trainer.total_training_steps
-        self.actor = Actor(self.policy, cfg, self.total_steps)
+        self.actor = Actor(actor_policy(self.policy, self.ranks), cfg, self.total_steps, self.ranks)
         kc = cfg.algorithm.kl_ctrl
         self.kl_ctrl = get_kl_controller(kc.type, kc.kl_coef, kc.target_kl, kc.horizon)
         self.flags = RllaFlags(**asdict(cfg.reward.rlla))
@@ -121,7 +133,7 @@ class Trainer(RolloutStage):
                 f"task types {', '.join(others)} are played in environments: set "
                 "actor_rollout_ref.rollout.multi_turn.enable=true"
             )
-        if r.multi_turn.enable:
+        if r.multi_turn.enable and main:
             router = make_router(cfg, self.flags)
             if self.pool is not None:
                 self.episodes = self.pool.episode_runner(self.tokenizer, router)
@@ -138,6 +150,7 @@ class Trainer(RolloutStage):
         self._val_tasks: list[Task] | None = None
         self.step = 0
         self._resume()
+        refresh_rollout_copy(self.actor, self.policy, self.ranks)
         sync_weights(self.pool or self.generator, self.policy.model, self.step)
 
     def _load(self, files: list[str], max_samples: int = -1) -> list[Task]:
@@ -159,19 +172,23 @@ class Trainer(RolloutStage):
     # ---- the loop ----------------------------------------------------------------------------
     def fit(self) -> list[dict[str, Any]]:
         t = self.cfg.trainer
-        (self.out / "config.yaml").write_text(to_yaml(self.cfg))
-        tracker = Tracker(self.out, t.logger, self.total_steps, start_step=self.step)
+        main = self.ranks.main
+        if main:
+            (self.out / "config.yaml").write_text(to_yaml(self.cfg))
+        tracker: Any = NullTracker()
+        if main:
+            tracker = Tracker(self.out, t.logger, self.total_steps, start_step=self.step)
         history = []
         watch = NoSignalWatch(t.warn_no_signal_steps, self.cfg.algorithm.adv_estimator != "gae")
         producer = self._start_async() if self.cfg.async_training.enable else None
         try:
-            if t.val_before_train and self.step == 0:
+            if t.val_before_train and self.step == 0 and main:
                 tracker.log(self.validate(0), 0)
             while self.step < self.total_steps:
                 step = self.step + 1
                 metrics = self.train_step(step, producer)
                 self.step = step
-                if t.test_freq > 0 and step % t.test_freq == 0:
+                if t.test_freq > 0 and step % t.test_freq == 0 and main:
                     metrics.update(self.validate(step))
                 # Log before saving: a kill in between re-runs this step on resume (its line is
                 # dropped then); the reverse order would lose the step's line for good.
@@ -190,8 +207,10 @@ class Trainer(RolloutStage):
     def train_step(self, step: int, producer: AsyncRollout | None = None) -> dict[str, Any]:
         """One GRPO/PPO step: rollout → reward → advantage → update; returns its metrics."""
         t_step = time.time()
-        if producer is None:
-            rolled = self.produce(step, self.sampler.next_batch(), self.generator)
+        if producer is None:  # with fsdp2, rank 0's rollout reaches every rank
+            main = self.ranks.main
+            got = self.produce(step, self.sampler.next_batch(), self.generator) if main else None
+            rolled = self.ranks.broadcast(got)
         else:
             got = producer.buffer.get(current_version=self.step)
             self.sampler.next_batch()  # keep the checkpointed position in step with training
@@ -215,6 +234,7 @@ class Trainer(RolloutStage):
         elif producer is None:
             actor_metrics = self.actor.update(batch)
             t1 = time.time()  # backends with their own copy of the weights get the new ones
+            refresh_rollout_copy(self.actor, self.policy, self.ranks)
             sync_weights(self.pool or self.generator, self.policy.model, step)
             timing["timing/weight_sync_s"] = time.time() - t1
         else:
@@ -365,7 +385,7 @@ class Trainer(RolloutStage):
         shutdown_shared_pool()  # isolated tools' worker processes (also done at exit)
 
     # ---- checkpoints ---------------------------------------------------------------------------
-    def save_checkpoint(self) -> Path:
+    def save_checkpoint(self) -> Path | None:
         return ckpt_state.save(self, self.step)
 
     def _resume(self) -> None:
