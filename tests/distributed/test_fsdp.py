@@ -62,21 +62,25 @@ def _rank(rank: int, world: int, port: int, args: tuple, out_file: str) -> None:
     torch.set_num_threads(1)
     import torch.distributed as dist
 
-    from toolgrpo.distributed.fsdp import Ranks, full_tensors
+    from toolgrpo.distributed.fsdp import Ranks
     from toolgrpo.models.loading import load_policy
     from toolgrpo.trainer.actor import Actor
+    from toolgrpo.trainer.parallel import actor_policy, refresh_rollout_copy
 
     dist.init_process_group("gloo")
     try:
         cfg = _cfg(*args)
         torch.manual_seed(0)  # the LoRA init, as in the one-process run
         policy = load_policy(cfg.actor_rollout_ref.model)
-        actor = Actor(policy, cfg, 10, Ranks(rank, world, True, torch.device("cpu")))
+        ranks = Ranks(rank, world, True, torch.device("cpu"))
+        actor = Actor(actor_policy(policy, ranks), cfg, 10, ranks)  # as the trainer builds it
         b = _batch()
         old, _ = actor.compute_logprobs(b)
         ref, _ = actor.compute_logprobs(b, reference=True)
         metrics = actor.update(b)
-        weights = {k.removeprefix("lm."): v.clone() for k, v in full_tensors(actor.root, False)}
+        # The weight push's source: the shards gathered into rank 0's whole rollout copy.
+        refresh_rollout_copy(actor, policy, ranks)
+        weights = {k: v.detach().clone() for k, v in policy.model.named_parameters()}
         if rank == 0:
             torch.save({"old": old, "ref": ref, "metrics": metrics, "weights": weights}, out_file)
     finally:
@@ -92,7 +96,8 @@ def _free_port() -> int:
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
 def test_two_gloo_ranks_match_one_process(tiny_model_dir, tiny_data, tmp_path, lora):
     """Same global batch → same log-probs (actor and reference), same loss metrics and, after one
-    optimizer step, the same weights as the one-process update; KL loss on."""
+    optimizer step, the same weights as the one-process update (read from rank 0's rollout copy,
+    which the shards are gathered into for sampling and the weight push); KL loss on."""
     from toolgrpo.models.loading import load_policy
     from toolgrpo.trainer.actor import Actor
 
