@@ -71,7 +71,7 @@ def test_bad_device_name_is_a_config_error(make_train_config):
 
 
 def test_features_outside_the_sharded_passes_are_refused(make_train_config):
-    from toolgrpo.trainer.parallel import check_strategy
+    from toolgrpo.distributed.fsdp import check_strategy
 
     cfg = make_train_config(
         **{"trainer.distributed.strategy": "fsdp2", "algorithm.adv_estimator": "gae"}

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from toolgrpo.config.loader import ConfigError
 from toolgrpo.errors import UserError
 
 
@@ -82,9 +83,28 @@ class Ranks:
         return groups[self.rank :: self.world]
 
 
+def check_strategy(cfg: Any) -> None:
+    """Features whose code runs the policy outside the actor's collective passes are refused."""
+    if cfg.trainer.distributed.strategy == "none":
+        return
+    refused = {
+        "router.enable": cfg.router.enable,
+        "async_training.enable": cfg.async_training.enable,
+        "rollout_only.model_path": bool(cfg.rollout_only.model_path),
+        "algorithm.adv_estimator=gae": cfg.algorithm.adv_estimator == "gae",
+    }
+    on = [k for k, v in refused.items() if v]
+    if on:
+        raise ConfigError(
+            f"trainer.distributed.strategy={cfg.trainer.distributed.strategy} does not support "
+            f"{', '.join(on)} yet; use strategy=none for them"
+        )
+
+
 def start_ranks(cfg: Any) -> Ranks:
     """Join (or, for one process without torchrun, create) the process group the config asks
     for; every misfit between the config and the launch is a one-line error here."""
+    check_strategy(cfg)
     t = cfg.trainer
     device = resolve_device(t.device)
     strategy = t.distributed.strategy

@@ -11,30 +11,15 @@ import copy
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from toolgrpo.config.loader import ConfigError
+from toolgrpo.config.loader import to_yaml
 from toolgrpo.distributed.fsdp import Ranks, gather_into
 from toolgrpo.models.loading import Policy
+from toolgrpo.rollout.backends import sync_weights
+from toolgrpo.trainer.tracking import Tracker
 
 if TYPE_CHECKING:
     from toolgrpo.trainer.actor import Actor
-
-
-def check_strategy(cfg: Any) -> None:
-    """Features whose code runs the policy outside the actor's collective passes are refused."""
-    if cfg.trainer.distributed.strategy == "none":
-        return
-    refused = {
-        "router.enable": cfg.router.enable,
-        "async_training.enable": cfg.async_training.enable,
-        "rollout_only.model_path": bool(cfg.rollout_only.model_path),
-        "algorithm.adv_estimator=gae": cfg.algorithm.adv_estimator == "gae",
-    }
-    on = [k for k, v in refused.items() if v]
-    if on:
-        raise ConfigError(
-            f"trainer.distributed.strategy={cfg.trainer.distributed.strategy} does not support "
-            f"{', '.join(on)} yet; use strategy=none for them"
-        )
+    from toolgrpo.trainer.trainer import Trainer
 
 
 def actor_policy(policy: Policy, ranks: Ranks) -> Policy:
@@ -50,6 +35,22 @@ def refresh_rollout_copy(actor: Actor, policy: Policy, ranks: Ranks) -> None:
     if actor.root is None:
         return
     gather_into(actor.root, policy.model if ranks.main else None, only_trainable=True)
+
+
+def push_weights(trainer: Trainer, version: int) -> None:
+    """After an update (or a resume): shards into rank 0's copy, then that copy to backends
+    holding their own (vLLM, Ray workers); a no-op for HF sampling in one process."""
+    refresh_rollout_copy(trainer.actor, trainer.policy, trainer.ranks)
+    sync_weights(trainer.pool or trainer.generator, trainer.policy.model, version)
+
+
+def open_tracker(trainer: Trainer) -> Tracker | NullTracker:
+    """Rank 0 writes the run's config and metrics; other ranks get a tracker that drops them."""
+    if not trainer.ranks.main:
+        return NullTracker()
+    (trainer.out / "config.yaml").write_text(to_yaml(trainer.cfg))
+    t = trainer.cfg.trainer
+    return Tracker(trainer.out, t.logger, trainer.total_steps, start_step=trainer.step)
 
 
 class NullTracker:

@@ -22,7 +22,7 @@ from toolgrpo.algos import (
     token_level_rewards,
 )
 from toolgrpo.algos.utils import masked_mean
-from toolgrpo.config.loader import ConfigError, to_yaml
+from toolgrpo.config.loader import ConfigError
 from toolgrpo.config.schema import TrainConfig, as_dict
 from toolgrpo.config.validate import validate_train_config
 from toolgrpo.data.loader import load_tasks
@@ -36,7 +36,7 @@ from toolgrpo.models.loading import load_policy, load_tokenizer
 from toolgrpo.models.registry import resolve_model
 from toolgrpo.rewards.scoring import check_task
 from toolgrpo.rewards.types import RllaFlags
-from toolgrpo.rollout.backends import make_generator, sync_weights
+from toolgrpo.rollout.backends import make_generator
 from toolgrpo.rollout.generator import SamplingParams
 from toolgrpo.rollout.hf import HFGenerator
 from toolgrpo.rollout.prompts import filter_overlong
@@ -47,17 +47,11 @@ from toolgrpo.trainer.batch import Batch
 from toolgrpo.trainer.episode_metrics import episode_metrics
 from toolgrpo.trainer.episodes import EpisodeRunner, make_router, warn_env_failures
 from toolgrpo.trainer.metrics import NoSignalWatch, batch_metrics, negative_metrics
-from toolgrpo.trainer.parallel import (
-    NullTracker,
-    actor_policy,
-    check_strategy,
-    refresh_rollout_copy,
-)
+from toolgrpo.trainer.parallel import actor_policy, open_tracker, push_weights
 from toolgrpo.trainer.replay import AsyncRollout
 from toolgrpo.trainer.resume import prepare_output_dir
 from toolgrpo.trainer.rollout_stage import Rolled, RolloutStage
 from toolgrpo.trainer.sampler import TaskSampler
-from toolgrpo.trainer.tracking import Tracker
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +59,6 @@ log = logging.getLogger(__name__)
 class Trainer(RolloutStage):
     def __init__(self, cfg: TrainConfig) -> None:
         validate_train_config(cfg)
-        check_strategy(cfg)
         self.cfg = cfg
         self.ranks = start_ranks(cfg)  # trainer.device and, with fsdp2, the process group
         # Data before the model: a bad file fails in seconds, not after minutes of loading. The
@@ -150,8 +143,7 @@ class Trainer(RolloutStage):
         self._val_tasks: list[Task] | None = None
         self.step = 0
         self._resume()
-        refresh_rollout_copy(self.actor, self.policy, self.ranks)
-        sync_weights(self.pool or self.generator, self.policy.model, self.step)
+        push_weights(self, self.step)
 
     def _load(self, files: list[str], max_samples: int = -1) -> list[Task]:
         d = self.cfg.data
@@ -173,11 +165,7 @@ class Trainer(RolloutStage):
     def fit(self) -> list[dict[str, Any]]:
         t = self.cfg.trainer
         main = self.ranks.main
-        if main:
-            (self.out / "config.yaml").write_text(to_yaml(self.cfg))
-        tracker: Any = NullTracker()
-        if main:
-            tracker = Tracker(self.out, t.logger, self.total_steps, start_step=self.step)
+        tracker = open_tracker(self)  # rank 0's; with fsdp2 other ranks log nothing
         history = []
         watch = NoSignalWatch(t.warn_no_signal_steps, self.cfg.algorithm.adv_estimator != "gae")
         producer = self._start_async() if self.cfg.async_training.enable else None
@@ -234,8 +222,7 @@ class Trainer(RolloutStage):
         elif producer is None:
             actor_metrics = self.actor.update(batch)
             t1 = time.time()  # backends with their own copy of the weights get the new ones
-            refresh_rollout_copy(self.actor, self.policy, self.ranks)
-            sync_weights(self.pool or self.generator, self.policy.model, step)
+            push_weights(self, step)
             timing["timing/weight_sync_s"] = time.time() - t1
         else:
             with producer.lock:  # the rollout thread copies weights only between updates
