@@ -123,3 +123,70 @@ def test_two_gloo_ranks_match_one_process(tiny_model_dir, tiny_data, tmp_path, l
     torch.manual_seed(0)
     start = load_policy(cfg.actor_rollout_ref.model)  # the step did move the weights
     assert any(not torch.allclose(p, weights[n]) for n, p in start.model.named_parameters())
+
+
+def _rank_resume(rank: int, world: int, port: int, args: tuple, saved: str, out: str) -> None:
+    """Load a one-process run's weights and optimizer state into the shards (the resume path),
+    then take one more step."""
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world)
+    )
+    torch.set_num_threads(1)
+    import torch.distributed as dist
+
+    from toolgrpo.distributed.fsdp import FsdpOptimizerView, Ranks, load_full_into
+    from toolgrpo.models.loading import load_policy
+    from toolgrpo.trainer.actor import Actor
+    from toolgrpo.trainer.config_diff import load_optimizer
+    from toolgrpo.trainer.parallel import actor_policy, refresh_rollout_copy
+
+    dist.init_process_group("gloo")
+    try:
+        cfg = _cfg(*args)
+        policy = load_policy(cfg.actor_rollout_ref.model)  # unseeded: the load must overwrite
+        ranks = Ranks(rank, world, True, torch.device("cpu"))
+        actor = Actor(actor_policy(policy, ranks), cfg, 10, ranks)
+        state = torch.load(saved, weights_only=False)
+        load_full_into(actor.root, state["weights"] if rank == 0 else {})
+        view = FsdpOptimizerView(actor.root, actor.optimizer)
+        load_optimizer(view, actor.scheduler, state["optimizer"], state["scheduler"], saved)
+        actor.update(_batch())
+        refresh_rollout_copy(actor, policy, ranks)
+        if rank == 0:
+            weights = {k: v.detach().clone() for k, v in policy.model.named_parameters()}
+            torch.save(weights, out)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_one_process_state_resumes_on_two_ranks(tiny_model_dir, tiny_data, tmp_path, lora):
+    """A step's trainable weights and position-keyed optimizer state (what a checkpoint holds)
+    loaded into 2 ranks' shards continue exactly as the one process does: the next step's
+    weights match, so weights and Adam moments both crossed the world-size change."""
+    from toolgrpo.models.loading import load_policy
+    from toolgrpo.trainer.actor import Actor
+
+    args = (tiny_model_dir, tiny_data, tmp_path / "run", lora)
+    cfg = _cfg(*args)
+    torch.manual_seed(0)
+    actor = Actor(load_policy(cfg.actor_rollout_ref.model), cfg, 10)
+    actor.update(_batch())
+    model = actor.policy.model
+    saved = str(tmp_path / "state.pt")
+    torch.save(
+        {
+            "weights": {n: p.detach().clone() for n, p in model.named_parameters()},
+            "optimizer": actor.optimizer.state_dict(),
+            "scheduler": actor.scheduler.state_dict(),
+        },
+        saved,
+    )
+    actor.update(_batch())
+    want = {n: p.detach() for n, p in model.named_parameters()}
+
+    out = str(tmp_path / "rank0.pt")
+    mp.spawn(_rank_resume, args=(2, _free_port(), args, saved, out), nprocs=2, join=True)
+    got = torch.load(out, weights_only=False)
+    for name, w in want.items():
+        torch.testing.assert_close(got[name], w, atol=1e-5, rtol=1e-4)
