@@ -78,6 +78,11 @@ class Ranks:
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return int(t.item())
 
+    def close(self) -> None:
+        """Leave the process group (torch warns at exit about one never destroyed)."""
+        if self.sharded and dist.is_initialized():
+            dist.destroy_process_group()
+
     def mine(self, groups: list[list[int]]) -> list[list[int]]:
         """Whole groups for this rank (round-robin): a group never straddles two ranks."""
         return groups[self.rank :: self.world]

@@ -370,6 +370,7 @@ class Trainer(RolloutStage):
         from toolgrpo.tools.shared_pool import shutdown_shared_pool
 
         shutdown_shared_pool()  # isolated tools' worker processes (also done at exit)
+        self.ranks.close()  # the fsdp2 process group
 
     # ---- checkpoints ---------------------------------------------------------------------------
     def save_checkpoint(self) -> Path | None:
