@@ -226,6 +226,9 @@ TRAIN_RULES: dict[str, Any] = {
     "trainer.distributed.num_cpus_per_worker": POS,
     "trainer.distributed.call_timeout_s": POS,
     "trainer.distributed.max_worker_restarts": NONNEG,
+    "trainer.distributed.strategy": OneOf(("none", "fsdp2")),
+    "trainer.nnodes": POS,
+    "trainer.n_gpus_per_node": NONNEG,
     "async_training.staleness_threshold": NONNEG,
     _RO + "dtype": OneOf(DTYPES, optional=True),
     _RO + "temperature": Num(0, low_open=True, optional=True),
@@ -288,6 +291,7 @@ FREE_KEYS = frozenset(
         "trainer.rollout_data_dir",  # a directory; "" = no dumps
         "trainer.resume",  # auto | disable | a checkpoint directory
         "trainer.distributed.address",
+        "trainer.device",  # checked in validate.py: auto | cpu | cuda | cuda:N
         _R + "stop",  # checked in validate.py: non-empty strings
         _MT + "rollback_error_patterns",  # checked in validate.py: regexes
         _MT + "rollback_error_json_keys",  # any JSON key names

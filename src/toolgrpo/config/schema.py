@@ -245,6 +245,9 @@ class DistributedConfig:
     num_cpus_per_worker: float = 1.0
     call_timeout_s: float = 900.0  # every remote call; a worker over it is restarted
     max_worker_restarts: int = 3  # per run; then the run stops with the worker's error
+    # The update: "none" = one process; "fsdp2" = data-parallel FSDP2 over the torchrun ranks
+    # (gloo on CPU, nccl on GPU; docs/scale_out.md).
+    strategy: str = "none"
     ray_init_kwargs: dict[str, Any] = field(default_factory=dict)  # e.g. {num_cpus: 2}
 
 
@@ -274,6 +277,13 @@ class TrainerConfig:
     rollout_data_dir: str = ""
     rollout_data_samples_per_step: int = 64  # rows written per step, whole groups first; -1 = all
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
+    # Where the actor, reference, value and router heads and the batch live: auto = CUDA (the
+    # local rank's GPU) when available, else CPU; or cpu, cuda, cuda:N. Rollout engines keep theirs.
+    device: str = "auto"
+    nnodes: int = 1  # verl's: nodes of an fsdp2 run
+    # verl's: ranks per node (GPUs, or processes on CPU); 0 = whatever torchrun started. When set,
+    # nnodes × n_gpus_per_node must equal the world size.
+    n_gpus_per_node: int = 0
 
 
 @dataclass

@@ -70,6 +70,10 @@ def validate_train_config(cfg: TrainConfig) -> None:
         )
     dist = cfg.trainer.distributed
     _one_of(dist.backend, ("local", "ray"), "trainer.distributed.backend")
+    if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", str(cfg.trainer.device)):
+        raise ConfigError(
+            f"trainer.device must be auto, cpu, cuda or cuda:N, got {cfg.trainer.device!r}"
+        )
     if dist.backend == "ray":
         _positive(dist.num_rollout_workers, "trainer.distributed.num_rollout_workers")
         _positive(dist.call_timeout_s, "trainer.distributed.call_timeout_s")

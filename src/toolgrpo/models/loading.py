@@ -45,9 +45,11 @@ def cpu_has_native_bf16() -> bool:
     return any(f in flags for f in ("avx512_bf16", "amx_bf16"))
 
 
-def compute_dtype(name: str) -> torch.dtype:
-    """``auto`` picks bf16 only where the CPU computes it natively."""
+def compute_dtype(name: str, device: torch.device | None = None) -> torch.dtype:
+    """``auto`` picks bf16 on a GPU and only where a CPU computes it natively."""
     if name == "auto":
+        if device is not None and device.type == "cuda":
+            return torch.bfloat16
         return torch.bfloat16 if cpu_has_native_bf16() else torch.float32
     if name not in DTYPES:
         raise ValueError(f"unknown dtype {name!r}; use one of auto, {', '.join(sorted(DTYPES))}")
@@ -63,6 +65,7 @@ class Policy:
     resolved: ResolvedModel
     dtype: torch.dtype  # autocast compute dtype
     is_lora: bool
+    device: torch.device = torch.device("cpu")  # where the weights live (trainer.device)
 
     @property
     def base(self) -> Any:
@@ -70,9 +73,9 @@ class Policy:
         return self.model.get_base_model() if self.is_lora else self.model
 
     def autocast(self) -> Any:
-        """Autocast context: bf16 matmuls on CPU with float32 master weights."""
+        """Autocast context: bf16 matmuls with float32 master weights, on the weights' device."""
         enabled = self.dtype != torch.float32
-        return torch.autocast("cpu", dtype=self.dtype, enabled=enabled)
+        return torch.autocast(self.device.type, dtype=self.dtype, enabled=enabled)
 
 
 def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
@@ -87,10 +90,14 @@ def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
     return tok
 
 
-def load_policy(cfg: ModelConfig, trainable: bool = True) -> Policy:
-    """Load ``cfg.path``; with ``lora_rank > 0`` (or a shipped adapter) wrap it with PEFT LoRA."""
+def load_policy(
+    cfg: ModelConfig, trainable: bool = True, device: torch.device | str = "cpu"
+) -> Policy:
+    """Load ``cfg.path`` onto ``device``; with ``lora_rank > 0`` (or a shipped adapter) wrap it
+    with PEFT LoRA."""
     resolved = resolve_model(cfg.path)
-    dtype = compute_dtype(cfg.dtype)
+    device = torch.device(device)
+    dtype = compute_dtype(cfg.dtype, device)
     tokenizer = load_tokenizer(resolved.hf_dir)
     # Trainable weights stay float32 (bf16 cannot hold lr≈1e-6 updates); frozen ones may be bf16.
     full_ft = trainable and cfg.lora_rank == 0 and resolved.adapter_dir is None
@@ -113,7 +120,7 @@ def load_policy(cfg: ModelConfig, trainable: bool = True) -> Policy:
     if not trainable:
         model.requires_grad_(False)
         model.eval()
-    return Policy(model, tokenizer, resolved, dtype, is_lora)
+    return Policy(model.to(device), tokenizer, resolved, dtype, is_lora, device)
 
 
 def _apply_lora(model: Any, cfg: ModelConfig, adapter: Path | None, trainable: bool) -> Any:

@@ -173,8 +173,10 @@ class HFGenerator:
         self.model.eval()
         try:
             enabled = self.dtype != torch.float32
+            device = next(self.model.parameters()).device  # trainer.device (or CPU)
+            ids, mask = ids.to(device), mask.to(device)
             with (
-                torch.autocast("cpu", dtype=self.dtype, enabled=enabled),
+                torch.autocast(device.type, dtype=self.dtype, enabled=enabled),
                 neutral_generation_config(self.model),
             ):
                 cache = self._prefill(ids, mask, params.n)

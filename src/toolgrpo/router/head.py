@@ -100,6 +100,8 @@ def prompt_features(
             for r, p in enumerate(chunk):
                 ids[r, width - len(p) :] = torch.tensor(p, dtype=torch.long)
                 mask[r, width - len(p) :] = 1
+            device = next(backbone.parameters()).device  # trainer.device
+            ids, mask = ids.to(device), mask.to(device)
             with autocast() if autocast is not None else nullcontext():
                 h = backbone(
                     input_ids=ids,

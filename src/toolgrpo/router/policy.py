@@ -34,7 +34,10 @@ class RouterPolicy:
         self.pooling = pooling
         self.grad_clip = grad_clip
         hidden = lm.base.config.hidden_size
+        # On the LM's device (trainer.device): its features never leave it.
         self.head = RouterHead(hidden, len(self.routes), head_hidden)
+        if getattr(lm, "device", None) is not None:
+            self.head.to(lm.device)
         self.shared = lr is None
         if self.shared:
             if actor_optimizer is None:
@@ -84,8 +87,10 @@ class RouterPolicy:
             set_to_none=True
         )  # shared: the LM's grads too, so only the head steps
         logits = self.head(features_BH)
+        dev = logits.device
+        labels = labels_B.to(dev) if labels_B is not None else None
         loss, metrics = router_loss(
-            logits, actions_B, advantages_B, entropy_coeff, labels_B, label_coeff
+            logits, actions_B.to(dev), advantages_B.to(dev), entropy_coeff, labels, label_coeff
         )
         loss.backward()
         norm = torch.nn.utils.clip_grad_norm_(list(self.head.parameters()), self.grad_clip)

@@ -16,6 +16,7 @@ import torch
 from toolgrpo import progress
 from toolgrpo.algos import agg_loss, get_policy_loss, kl_loss, value_loss
 from toolgrpo.config.schema import TrainConfig
+from toolgrpo.distributed.fsdp import Ranks, shard
 from toolgrpo.models.loading import Policy, load_policy, trainable_parameters
 from toolgrpo.models.logprobs import response_logprobs, shared_prefix_logprobs
 from toolgrpo.trainer.batch import Batch, microbatch_indices, minibatch_indices, prompt_groups
@@ -48,19 +49,29 @@ def _pad_right(x: torch.Tensor, width: int) -> torch.Tensor:
 
 
 class Actor:
-    def __init__(self, policy: Policy, cfg: TrainConfig, total_steps: int) -> None:
+    def __init__(
+        self, policy: Policy, cfg: TrainConfig, total_steps: int, ranks: Ranks | None = None
+    ) -> None:
+        """With ``ranks.sharded`` the policy is sharded in place (FSDP2) before the optimizer
+        sees its parameters; every log-prob pass and update is then a collective of all ranks."""
         self.policy = policy
         self.cfg = cfg
+        self.ranks = ranks or Ranks(device=policy.device)
+        self.device = policy.device
         acfg = cfg.actor_rollout_ref.actor
         self.temperature = cfg.actor_rollout_ref.rollout.temperature
         self.chunk = acfg.logprob_chunk_size
         self.value_head: torch.nn.Linear | None = None
-        groups: list[dict[str, Any]] = [{"params": trainable_parameters(policy.model)}]
         if cfg.algorithm.adv_estimator == "gae":
             hidden = policy.base.config.hidden_size
-            self.value_head = torch.nn.Linear(hidden, 1)
+            self.value_head = torch.nn.Linear(hidden, 1, device=self.device)
             torch.nn.init.zeros_(self.value_head.weight)
             torch.nn.init.zeros_(self.value_head.bias)
+        self.root: torch.nn.Module | None = None
+        if self.ranks.sharded:
+            self.root = shard(policy.model, self.ranks, self.value_head)
+        groups: list[dict[str, Any]] = [{"params": trainable_parameters(policy.model)}]
+        if self.value_head is not None:
             groups.append({"params": list(self.value_head.parameters()), "lr": cfg.critic.lr})
         o = acfg.optim
         self.optimizer = torch.optim.AdamW(
@@ -75,8 +86,11 @@ class Actor:
         # (adapter disabled); a run that starts from an adapter needs a frozen copy of it.
         m = cfg.actor_rollout_ref.model
         fresh_lora = policy.is_lora and policy.resolved.adapter_dir is None and not m.adapter_path
+        self.ref_root: torch.nn.Module | None = None
         if self.needs_ref and not fresh_lora:
-            self.ref = load_policy(m, trainable=False)
+            self.ref = load_policy(m, trainable=False, device=self.device)
+            if self.ranks.sharded:
+                self.ref_root = shard(self.ref.model, self.ranks)
 
     # ---- no-grad passes -------------------------------------------------------------------
     @torch.no_grad()
@@ -87,33 +101,53 @@ class Actor:
         micro = self.cfg.actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu
         out = torch.zeros_like(batch.response_mask_BR)
         values = torch.zeros_like(batch.response_mask_BR) if with_values else None
-        for rows in _group_micro(batch, micro):
+        # Sharded: each rank scores its own groups, then a sum fills every rank's copy.
+        micros = _padded(self.ranks, _group_micro(batch, micro, self.ranks))
+        for rows, real in micros:
             lp, _, v = self._forward(batch.select(rows), reference, False, with_values)
-            out[rows] = _pad_right(lp, batch.response_length)
+            if not real:
+                continue
+            out[rows] = _pad_right(lp, batch.response_length).to(out.device)
             if values is not None and v is not None:
-                values[rows] = _pad_right(v, batch.response_length)
+                values[rows] = _pad_right(v, batch.response_length).to(values.device)
+        self.ranks.sum_(out)
+        if values is not None:
+            self.ranks.sum_(values)
         return out, values
 
     def _forward(self, mb: Batch, reference: bool, entropy: bool, values: bool):
+        mb = mb.to(self.device)
         ids, attn, r = _trim(mb)
         policy = self.ref if (reference and self.ref is not None) else self.policy
+        root = self.ref_root if (reference and self.ref is not None) else self.root
         ctx = (
             self.policy.model.disable_adapter() if reference and self.ref is None else nullcontext()
         )
         prompt = _shared_prompt(ids, attn, r)
-        with ctx, policy.autocast():
-            if prompt is not None:
-                res = shared_prefix_logprobs(
-                    policy.base, prompt, ids[:, -r:], self.temperature, self.chunk, entropy, values
-                )
-            else:
-                res = response_logprobs(
-                    policy.base, ids, attn, r, self.temperature, self.chunk, entropy, values
-                )
-        v = None
-        if values and self.value_head is not None:
-            v = self.value_head(res.hidden_BR.float()).squeeze(-1)
-        return res.logprobs_BR, res.entropy_BR, v
+
+        def run():
+            with ctx, policy.autocast():
+                if prompt is not None:
+                    res = shared_prefix_logprobs(
+                        policy.base,
+                        prompt,
+                        ids[:, -r:],
+                        self.temperature,
+                        self.chunk,
+                        entropy,
+                        values,
+                    )
+                else:
+                    res = response_logprobs(
+                        policy.base, ids, attn, r, self.temperature, self.chunk, entropy, values
+                    )
+            v = None
+            if values and self.value_head is not None:
+                v = self.value_head(res.hidden_BR.float()).squeeze(-1)
+            return res.logprobs_BR, res.entropy_BR, v
+
+        # Sharded: through the FSDP root, whose forward gathers the weights the pass needs.
+        return root(run) if root is not None else run()
 
     # ---- the update ------------------------------------------------------------------------
     def update(self, batch: Batch) -> dict[str, float]:
@@ -148,15 +182,24 @@ class Actor:
                 mini = batch.select(rows)
                 self.optimizer.zero_grad(set_to_none=True)
                 denom = _agg_count(mini.response_mask_BR, acfg.loss_agg_mode)
-                for micro_rows in _group_micro(mini, acfg.ppo_micro_batch_size_per_gpu):
+                micro = acfg.ppo_micro_batch_size_per_gpu
+                # Sharded: every rank runs as many passes (FSDP's collectives pair up), padding
+                # with zero-weight ones; FSDP averages gradients, so losses are scaled by world.
+                mine = _padded(self.ranks, _group_micro(mini, micro, self.ranks))
+                rank_sums: dict[str, float] = defaultdict(float)
+                for micro_rows, real in mine:
                     mb = mini.select(micro_rows)
                     w = _agg_count(mb.response_mask_BR, acfg.loss_agg_mode) / max(denom, 1)
-                    if w == 0:
+                    if not real:
+                        w = 0.0
+                    if w == 0 and not self.ranks.sharded:
                         continue
                     loss, m = self._micro_loss(mb)
-                    (loss * w).backward()
+                    (loss * (w * self.ranks.world)).backward()
                     for k, v in m.items():
-                        sums[k] += v * w
+                        rank_sums[k] += v * w
+                for k, v in _sum_dict(self.ranks, rank_sums).items():
+                    sums[k] += v
                 sums["_weight"] += 1.0
                 params = [p for g in self.optimizer.param_groups for p in g["params"]]
                 norm = clip_grad_norm(params, acfg.grad_clip)
@@ -169,6 +212,7 @@ class Actor:
 
     def _micro_loss(self, mb: Batch) -> tuple[torch.Tensor, dict[str, float]]:
         acfg = self.cfg.actor_rollout_ref.actor
+        mb = mb.to(self.device)
         gae = self.value_head is not None
         lp, ent, values = self._forward(mb, False, True, gae)
         r = lp.shape[1]
@@ -222,9 +266,34 @@ class Actor:
         return loss, metrics
 
 
-def _group_micro(batch: Batch, micro: int) -> list[list[int]]:
-    """Micro-batches that never mix prompts, so each can share its prompt's forward pass."""
-    return [chunk for g in prompt_groups(batch) for chunk in microbatch_indices(g, micro)]
+def _group_micro(batch: Batch, micro: int, ranks: Ranks | None = None) -> list[list[int]]:
+    """Micro-batches that never mix prompts, so each can share its prompt's forward pass; with
+    ``ranks``, only this rank's whole groups."""
+    groups = prompt_groups(batch)
+    if ranks is not None:
+        groups = ranks.mine(groups)
+    return [chunk for g in groups for chunk in microbatch_indices(g, micro)]
+
+
+def _padded(ranks: Ranks, micros: list[list[int]]) -> list[tuple[list[int], bool]]:
+    """``(rows, real)``: this rank's micro-batches, padded with repeats marked not real up to
+    the most any rank has (sharded passes are collectives, so every rank runs the same count)."""
+    out = [(m, True) for m in micros]
+    if not ranks.sharded:
+        return out
+    most = ranks.max_int(len(micros))
+    filler = micros[0] if micros else [0]
+    return out + [(filler, False)] * (most - len(micros))
+
+
+def _sum_dict(ranks: Ranks, d: dict[str, float]) -> dict[str, float]:
+    """A metric dict summed over ranks (same keys everywhere: every rank runs the same loss)."""
+    if ranks.world == 1 or not d:
+        return dict(d)
+    keys = sorted(d)
+    t = torch.tensor([d[k] for k in keys], dtype=torch.float64)
+    ranks.sum_(t)
+    return dict(zip(keys, t.tolist(), strict=True))
 
 
 def _agg_count(mask: torch.Tensor, mode: str) -> float:

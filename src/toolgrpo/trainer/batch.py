@@ -41,6 +41,15 @@ class Batch:
     def response_length(self) -> int:
         return self.response_mask_BR.shape[1]
 
+    def to(self, device: torch.device) -> Batch:
+        """Every tensor on ``device`` (trainer.device); lists stay as they are."""
+        updates = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, torch.Tensor):
+                updates[f.name] = v.to(device)
+        return replace(self, **updates)
+
     def select(self, idx: Sequence[int]) -> Batch:
         """Rows ``idx`` of every tensor and list (mini- and micro-batches)."""
         index = torch.as_tensor(list(idx), dtype=torch.long)

@@ -18,6 +18,7 @@ from safetensors.torch import load_file
 
 from toolgrpo.config.loader import ConfigError
 from toolgrpo.config.schema import as_dict
+from toolgrpo.distributed.fsdp import FsdpOptimizerView, full_optimizer_state, load_full_into
 from toolgrpo.models.loading import Policy, save_hf_model
 from toolgrpo.models.safe_load import CorruptCheckpoint
 from toolgrpo.router.infer import ROUTER_FILE
@@ -34,9 +35,17 @@ if TYPE_CHECKING:
     from toolgrpo.trainer.trainer import Trainer
 
 
-def save(trainer: Trainer, step: int) -> Path:
+def save(trainer: Trainer, step: int) -> Path | None:
+    """Write ``global_step_N`` (rank 0). Sharded, every rank calls it: the optimizer state is
+    gathered whole and stored as one process stores it, so any world size resumes from it."""
     policy, actor = trainer.policy, trainer.actor
     full_ft = not policy.is_lora
+    if actor.root is not None:
+        optimizer_state = full_optimizer_state(actor.root, actor.optimizer)
+        if not trainer.ranks.main:
+            return None
+    else:
+        optimizer_state = actor.optimizer.state_dict()
 
     def payload(d: Path) -> None:
         if policy.is_lora:
@@ -45,7 +54,7 @@ def save(trainer: Trainer, step: int) -> Path:
             save_hf_model(policy, d / "model")
         save_torch(
             {
-                "optimizer": actor.optimizer.state_dict(),
+                "optimizer": optimizer_state,
                 "scheduler": actor.scheduler.state_dict(),
                 "value_head": actor.value_head.state_dict() if actor.value_head else None,
                 "kl_coef": trainer.kl_ctrl.value,
@@ -134,7 +143,17 @@ def read(ckpt: Path) -> Saved:
 def resume(trainer: Trainer) -> int:
     """Restore the newest intact checkpoint (per ``trainer.resume``) after checking the config
     against the one it was saved with; returns its step (0: a fresh start)."""
+    ranks = trainer.ranks
+    if not ranks.main:  # sharded: rank 0 picks (it may rename a corrupt one), the rest follow
+        picked = ranks.broadcast(None)
+        if picked is None:
+            return 0
+        ckpt = Path(picked)
+        saved = Saved(read_state(ckpt), {}, load_torch(ckpt / "optimizer.pt"), None)
+        apply(trainer, ckpt, saved)
+        return int(saved.state["global_step"])
     found = pick_checkpoint(trainer.out, trainer.cfg.trainer.resume, read)
+    ranks.broadcast(None if found is None else str(found[0]))
     if found is None:
         return 0
     ckpt, saved = found
@@ -148,9 +167,18 @@ def resume(trainer: Trainer) -> int:
 def apply(trainer: Trainer, ckpt: Path, saved: Saved) -> None:
     """Weights, optimizer (with the config's hyperparameters), sampler, KL and router state."""
     policy, actor, opt = trainer.policy, trainer.actor, saved.opt
-    check_lora(ckpt, saved.state["is_lora"], policy)
-    apply_weights(policy, saved.weights, ckpt)
-    load_optimizer(actor.optimizer, actor.scheduler, opt["optimizer"], opt["scheduler"], ckpt)
+    optimizer: Any = actor.optimizer
+    if trainer.ranks.main:
+        check_lora(ckpt, saved.state["is_lora"], policy)
+        apply_weights(policy, saved.weights, ckpt)
+    if actor.root is not None:  # sharded: rank 0's whole weights into every rank's shards
+        trainable = {}
+        if trainer.ranks.main:
+            named = policy.model.named_parameters()
+            trainable = {n: p.detach() for n, p in named if p.requires_grad}
+        load_full_into(actor.root, trainable)
+        optimizer = FsdpOptimizerView(actor.root, actor.optimizer)
+    load_optimizer(optimizer, actor.scheduler, opt["optimizer"], opt["scheduler"], ckpt)
     if actor.value_head is not None and opt.get("value_head") is not None:
         actor.value_head.load_state_dict(opt["value_head"])
     # An adaptive coefficient is state; a fixed one is config (a changed kl_coef applies).

@@ -23,18 +23,19 @@ from toolgrpo.algos import (
     token_level_rewards,
 )
 from toolgrpo.algos.utils import masked_mean
-from toolgrpo.config.loader import ConfigError, to_yaml
+from toolgrpo.config.loader import ConfigError
 from toolgrpo.config.schema import TrainConfig, as_dict
 from toolgrpo.config.validate import validate_train_config
 from toolgrpo.data.loader import load_tasks
 from toolgrpo.data.task import Task
+from toolgrpo.distributed.fsdp import start_ranks
 from toolgrpo.eval.evaluate import check_scorable, val_sampling_params
 from toolgrpo.mixture import Mixture
 from toolgrpo.models.loading import load_policy, load_tokenizer
 from toolgrpo.models.registry import resolve_model
 from toolgrpo.rewards.scoring import check_task
 from toolgrpo.rewards.types import RllaFlags
-from toolgrpo.rollout.backends import make_generator, sync_weights
+from toolgrpo.rollout.backends import make_generator
 from toolgrpo.rollout.generator import SamplingParams
 from toolgrpo.rollout.hf import HFGenerator
 from toolgrpo.rollout.prompts import filter_overlong, refuse_split_routes
@@ -44,13 +45,13 @@ from toolgrpo.trainer.actor import Actor
 from toolgrpo.trainer.batch import Batch
 from toolgrpo.trainer.episodes import EpisodeRunner, make_router
 from toolgrpo.trainer.metrics import NoSignalWatch, batch_metrics, negative_metrics
+from toolgrpo.trainer.parallel import actor_policy, open_tracker, push_weights
 from toolgrpo.trainer.replay import AsyncRollout
 from toolgrpo.trainer.resume import prepare_output_dir
 from toolgrpo.trainer.rollout_dump import make_dumper
 from toolgrpo.trainer.rollout_stage import Rolled, RolloutStage
 from toolgrpo.trainer.sampler import TaskSampler
 from toolgrpo.trainer.summary import summary_lines
-from toolgrpo.trainer.tracking import Tracker
 from toolgrpo.trainer.validation import validate
 
 log = logging.getLogger(__name__)
@@ -60,6 +61,7 @@ class Trainer(RolloutStage):
     def __init__(self, cfg: TrainConfig) -> None:
         validate_train_config(cfg)
         self.cfg = cfg
+        self.ranks = start_ranks(cfg)  # trainer.device and, with fsdp2, the process group
         # Data before the model: a bad file fails in seconds, not after minutes of loading. The
         # tokenizer alone suffices to filter long prompts.
         self.tokenizer = load_tokenizer(resolve_model(cfg.actor_rollout_ref.model.path).hf_dir)
@@ -74,10 +76,11 @@ class Trainer(RolloutStage):
         torch.manual_seed(cfg.trainer.seed)
         self.out = Path(cfg.trainer.output_dir)
         # Before the model loads: an earlier run here is resumed, refused, or moved aside.
-        prepare_output_dir(
-            self.out, cfg.trainer.resume, cfg.trainer.overwrite_output_dir, as_dict(cfg)
-        )
-        self.policy = load_policy(cfg.actor_rollout_ref.model)
+        if self.ranks.main:
+            prepare_output_dir(
+                self.out, cfg.trainer.resume, cfg.trainer.overwrite_output_dir, as_dict(cfg)
+            )
+        self.policy = load_policy(cfg.actor_rollout_ref.model, device=self.ranks.device)
         self.tokenizer = self.policy.tokenizer
         self.sampler = TaskSampler(
             len(self.tasks), cfg.data.train_batch_size, cfg.data.seed, cfg.data.shuffle
@@ -95,11 +98,13 @@ class Trainer(RolloutStage):
     def _setup(self, cfg: TrainConfig) -> None:
         r = cfg.actor_rollout_ref.rollout
         # Rollouts run here (HF or vLLM), or on Ray workers that hold their own generators.
-        if cfg.trainer.distributed.backend == "ray":
+        main = self.ranks.main  # with fsdp2 only rank 0 samples
+        if cfg.trainer.distributed.backend == "ray" and main:
             from toolgrpo.distributed.pool import RolloutPool
 
             self.pool = RolloutPool(cfg)
-        self.generator = self.pool.generator if self.pool else make_generator(cfg, self.policy)
+        if main:
+            self.generator = self.pool.generator if self.pool else make_generator(cfg, self.policy)
         self.sampling = SamplingParams(
             n=r.n,
             temperature=r.temperature,
@@ -112,7 +117,7 @@ class Trainer(RolloutStage):
         self.mixture = Mixture(cfg, self.tokenizer) if cfg.rollout_only.model_path else None
         self.dumper = make_dumper(cfg.trainer)  # trainer.rollout_data_dir (verl's key)
         self.total_steps = cfg.trainer.total_training_steps
-        self.actor = Actor(self.policy, cfg, self.total_steps)
+        self.actor = Actor(actor_policy(self.policy, self.ranks), cfg, self.total_steps, self.ranks)
         kc = cfg.algorithm.kl_ctrl
         self.kl_ctrl = get_kl_controller(kc.type, kc.kl_coef, kc.target_kl, kc.horizon)
         self.flags = RllaFlags(**asdict(cfg.reward.rlla))
@@ -123,7 +128,7 @@ class Trainer(RolloutStage):
                 f"task types {', '.join(others)} are played in environments: set "
                 "actor_rollout_ref.rollout.multi_turn.enable=true"
             )
-        if r.multi_turn.enable:
+        if r.multi_turn.enable and main:
             router = make_router(cfg, self.flags)
             if self.pool is not None:
                 self.episodes = self.pool.episode_runner(self.tokenizer, router)
@@ -140,7 +145,7 @@ class Trainer(RolloutStage):
         self._val_tasks: list[Task] | None = None
         self.step = 0
         self._resume()
-        sync_weights(self.pool or self.generator, self.policy.model, self.step)
+        push_weights(self, self.step)
 
     def _load(self, files: list[str], max_samples: int = -1) -> list[Task]:
         d = self.cfg.data
@@ -162,13 +167,13 @@ class Trainer(RolloutStage):
     # ---- the loop ----------------------------------------------------------------------------
     def fit(self) -> list[dict[str, Any]]:
         t = self.cfg.trainer
-        (self.out / "config.yaml").write_text(to_yaml(self.cfg))
-        tracker = Tracker.for_run(self.cfg, self.out, self.total_steps, self.step)
+        main = self.ranks.main
+        tracker = open_tracker(self)  # rank 0's; with fsdp2 other ranks log nothing
         history = []
         watch = NoSignalWatch(t.warn_no_signal_steps, self.cfg.algorithm.adv_estimator != "gae")
         producer = self._start_async() if self.cfg.async_training.enable else None
         try:
-            if t.val_before_train and self.step == 0:
+            if t.val_before_train and self.step == 0 and main:
                 tracker.begin_step(0)
                 tracker.log(self.validate(0), 0)
             while self.step < self.total_steps:
@@ -176,7 +181,7 @@ class Trainer(RolloutStage):
                 tracker.begin_step(step)
                 metrics = self.train_step(step, producer)
                 self.step = step
-                if t.test_freq > 0 and step % t.test_freq == 0:
+                if t.test_freq > 0 and step % t.test_freq == 0 and main:
                     metrics.update(self.validate(step))
                 # Log before saving: a kill in between re-runs this step on resume (its line is
                 # dropped then); the reverse order would lose the step's line for good.
@@ -190,15 +195,18 @@ class Trainer(RolloutStage):
             if producer is not None:
                 producer.close()
             tracker.close()
-        for line in summary_lines(self.out, history, t):  # where things are, what to open
-            tracker.console.print(line, soft_wrap=True, markup=False, highlight=False)
+        if main:  # where things are, what to open
+            for line in summary_lines(self.out, history, t):
+                tracker.console.print(line, soft_wrap=True, markup=False, highlight=False)
         return history
 
     def train_step(self, step: int, producer: AsyncRollout | None = None) -> dict[str, Any]:
         """One GRPO/PPO step: rollout → reward → advantage → update; returns its metrics."""
         t_step = time.time()
-        if producer is None:
-            rolled = self.produce(step, self.sampler.next_batch(), self.generator)
+        if producer is None:  # with fsdp2, rank 0's rollout reaches every rank
+            main = self.ranks.main
+            got = self.produce(step, self.sampler.next_batch(), self.generator) if main else None
+            rolled = self.ranks.broadcast(got)
         else:
             got = producer.buffer.get(current_version=self.step)
             self.sampler.next_batch()  # keep the checkpointed position in step with training
@@ -222,7 +230,7 @@ class Trainer(RolloutStage):
         elif producer is None:
             actor_metrics = self.actor.update(batch)
             t1 = time.time()  # backends with their own copy of the weights get the new ones
-            sync_weights(self.pool or self.generator, self.policy.model, step)
+            push_weights(self, step)
             timing["timing/weight_sync_s"] = time.time() - t1
         else:
             with producer.lock:  # the rollout thread copies weights only between updates
@@ -346,9 +354,10 @@ class Trainer(RolloutStage):
         from toolgrpo.tools.shared_pool import shutdown_shared_pool
 
         shutdown_shared_pool()  # isolated tools' worker processes (also done at exit)
+        self.ranks.close()  # the fsdp2 process group
 
     # ---- checkpoints ---------------------------------------------------------------------------
-    def save_checkpoint(self) -> Path:
+    def save_checkpoint(self) -> Path | None:
         return ckpt_state.save(self, self.step)
 
     def _resume(self) -> None:
