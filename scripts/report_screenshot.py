@@ -12,21 +12,11 @@ import argparse
 import sys
 from pathlib import Path
 
-CHROMIUM = "/usr/bin/chromium"
-# Headless on a closed network: no sandbox (root), none of Chromium's background connections.
-FLAGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
-
 
 def main(argv: list[str]) -> None:
     from playwright.sync_api import sync_playwright
+
+    from toolgrpo.report.browser import CHROMIUM, CHROMIUM_FLAGS
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("report", type=Path)
@@ -36,7 +26,7 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--height", type=int, default=1800)
     args = ap.parse_args(argv)
     with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=FLAGS)
+        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_FLAGS)
         page = browser.new_page(viewport={"width": args.width, "height": args.height})
         errors: list[str] = []
         page.on("pageerror", lambda e: errors.append(str(e)))

@@ -14,20 +14,12 @@ from pathlib import Path
 import pytest
 
 from tests.report.runs import make_run
+from toolgrpo.report.browser import CHROMIUM as DEFAULT_CHROMIUM
+from toolgrpo.report.browser import CHROMIUM_FLAGS
 from toolgrpo.report.html import write_report
 
 pytestmark = pytest.mark.browser
-CHROMIUM = os.environ.get("TOOLGRPO_CHROMIUM", "/usr/bin/chromium")
-# Headless on a closed network: no sandbox (root), and none of Chromium's background connections.
-FLAGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
+CHROMIUM = os.environ.get("TOOLGRPO_CHROMIUM", DEFAULT_CHROMIUM)
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +33,7 @@ def browser():
             pytest.fail(f"the browser tier needs playwright and {CHROMIUM}")
         pytest.skip(f"needs playwright and {CHROMIUM} (scripts/test.sh installs them)")
     with sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=FLAGS)
+        b = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_FLAGS)
         yield b
         b.close()
 

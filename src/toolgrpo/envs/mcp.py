@@ -27,6 +27,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from toolgrpo.data.task import Task
+from toolgrpo.envs._tool_server import refuse_before_sending
 from toolgrpo.envs.base import Env, EnvReward, EnvStart, Transcript
 from toolgrpo.envs.calculator import with_system
 from toolgrpo.envs.direct import direct_reward
@@ -154,13 +155,11 @@ class MCPEnv(Env):
         def error(kind: str, text: str) -> ToolResult:
             return ToolResult(text, True, kind, call.name, call.id)
 
-        if self.fatal_error is not None or self._client is None:
-            return error("transport", f"Error: the tool server is unavailable ({self.fatal_error})")
-        if call.parse_error is not None:
-            return error("parse", f"Error: could not parse the tool call: {call.parse_error}")
-        if call.name not in self._tools:
-            known = ", ".join(sorted(self._tools)) or "none"
-            return error("unknown_tool", f"Error: unknown tool '{call.name}' (tools: {known})")
+        refused = refuse_before_sending(
+            call, self._tools, self.fatal_error, self._client is not None, "tool server"
+        )
+        if refused is not None:
+            return refused
         try:
             res = await asyncio.wait_for(
                 self._client.call_tool(call.name, dict(call.arguments)), self.options.timeout_s

@@ -24,6 +24,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from toolgrpo.data.task import Task
+from toolgrpo.envs._tool_server import refuse_before_sending
 from toolgrpo.envs.base import Env, EnvReward, EnvStart, Transcript
 from toolgrpo.envs.calculator import with_system
 from toolgrpo.envs.direct import direct_reward
@@ -140,13 +141,11 @@ class OpenEnvEnv(Env):
         def error(kind: str, text: str) -> ToolResult:
             return ToolResult(text, True, kind, call.name, call.id)
 
-        if self.fatal_error is not None or self._client is None:
-            return error("transport", f"Error: the environment is unavailable ({self.fatal_error})")
-        if call.parse_error is not None:
-            return error("parse", f"Error: could not parse the tool call: {call.parse_error}")
-        if call.name not in self._tools:
-            known = ", ".join(sorted(self._tools)) or "none"
-            return error("unknown_tool", f"Error: unknown tool '{call.name}' (tools: {known})")
+        refused = refuse_before_sending(
+            call, self._tools, self.fatal_error, self._client is not None, "environment"
+        )
+        if refused is not None:
+            return refused
         from openenv.core.env_server.mcp_types import CallToolAction
 
         action = CallToolAction(tool_name=call.name, arguments=dict(call.arguments))
