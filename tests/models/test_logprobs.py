@@ -8,6 +8,7 @@ import torch
 from toolgrpo.config.schema import ModelConfig
 from toolgrpo.models.loading import load_policy
 from toolgrpo.models.logprobs import (
+    length_buckets,
     masked_token_logprobs,
     position_ids_from_mask,
     response_logprobs,
@@ -155,6 +156,49 @@ def test_shared_prefix_matches_response_logprobs(lm, resp_lens):
     ):
         torch.testing.assert_close(ga, gb, rtol=1e-4, atol=1e-5, msg=name_p)
     assert any(g.abs().sum() > 0 for g in grads_shared)
+
+
+@pytest.mark.parametrize("resp_lens", [(9, 1, 2, 8), (9, 2, 2, 3), (4, 4, 4, 4)])
+def test_length_bucketed_shared_prefix_matches_padded(lm, resp_lens):
+    """Running a group's responses in length buckets (issue #19: one 640-token episode beside
+    60-token ones made the update pad every row to 640) gives the padded pass's log-probs,
+    entropies, hidden states and gradients at every real position."""
+    vocab = lm.config.vocab_size
+    prompt, resp, rmask, _, _, _ = _shared_inputs(vocab, n=4, resp_lens=resp_lens, seed=5)
+    params = [p for p in lm.parameters() if p.requires_grad]
+    m = rmask.bool()
+    outs, grads = [], []
+    for lengths in (None, list(resp_lens)):
+        lm.zero_grad()
+        o = shared_prefix_logprobs(
+            lm, prompt, resp, 0.7, 3, with_entropy=True, with_hidden=True, response_lengths=lengths
+        )
+        ((o.logprobs_BR - 0.3 * o.entropy_BR) * rmask).sum().backward()
+        outs.append(o)
+        grads.append([p.grad.clone() for p in params])
+    lm.zero_grad()
+    a, b = outs
+    assert b.logprobs_BR.shape == b.entropy_BR.shape == a.logprobs_BR.shape
+    assert b.hidden_BR.shape == a.hidden_BR.shape
+    torch.testing.assert_close(b.logprobs_BR[m], a.logprobs_BR[m], rtol=0, atol=1e-5)
+    torch.testing.assert_close(b.entropy_BR[m], a.entropy_BR[m], rtol=0, atol=1e-5)
+    torch.testing.assert_close(b.hidden_BR[m], a.hidden_BR[m], rtol=1e-4, atol=1e-5)
+    for ga, gb in zip(*grads, strict=True):
+        torch.testing.assert_close(gb, ga, rtol=1e-4, atol=1e-5)
+
+
+def test_length_buckets_bound_padding():
+    """Buckets cover every row once and pad at most 25 % beyond their real tokens (single rows
+    excepted); equal lengths share one bucket."""
+    lengths = [640, 60, 80, 100, 620, 5, 0, 90]
+    buckets = length_buckets(lengths)
+    assert sorted(i for b in buckets for i in b) == list(range(len(lengths)))
+    for b in buckets:
+        longest = max(max(lengths[i], 1) for i in b)
+        assert len(b) == 1 or len(b) * longest <= 1.25 * sum(max(lengths[i], 1) for i in b)
+    padded = sum(len(b) * max(max(lengths[i], 1) for i in b) for b in buckets)
+    assert padded <= 1.25 * sum(max(x, 1) for x in lengths)
+    assert length_buckets([7, 7, 7, 7]) == [[0, 1, 2, 3]]
 
 
 def test_masked_token_logprobs_match_naive(lm):

@@ -104,6 +104,39 @@ def response_logprobs(
     return _head_stats(head, hidden, targets, temperature, chunk_size, with_entropy, with_hidden)
 
 
+def length_buckets(lengths: list[int], slack: float = 1.25) -> list[list[int]]:
+    """Rows grouped so that padding each group to its longest row wastes little: rows sorted by
+    length (longest first) join a group while ``size × longest ≤ slack × real tokens``.
+
+    A multi-turn group often holds one long episode beside short ones (640 vs 60 tokens); padding
+    all of them to the longest made the update run several times the tokens it trains on."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    buckets: list[list[int]] = []
+    real = 0
+    for i in order:
+        if buckets:
+            rows = buckets[-1]
+            longest = max(lengths[rows[0]], 1)
+            if (len(rows) + 1) * longest <= slack * (real + max(lengths[i], 1)):
+                rows.append(i)
+                real += max(lengths[i], 1)
+                continue
+        buckets.append([i])
+        real = max(lengths[i], 1)
+    return buckets
+
+
+def _prompt_cache(causal_lm: Any, prompt_cache: Any, rows: int) -> Any:
+    """A fresh cache holding the prompt's keys/values once per row (gradients flow back into the
+    prompt's single pass)."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=causal_lm.config)
+    for i, layer in enumerate(prompt_cache.layers):
+        cache.update(layer.keys.expand(rows, -1, -1, -1), layer.values.expand(rows, -1, -1, -1), i)
+    return cache
+
+
 def shared_prefix_logprobs(
     causal_lm: Any,
     prompt_ids: torch.Tensor,
@@ -112,13 +145,16 @@ def shared_prefix_logprobs(
     chunk_size: int = 64,
     with_entropy: bool = False,
     with_hidden: bool = False,
+    response_lengths: list[int] | None = None,
 ) -> ResponseLogprobs:
     """Like ``response_logprobs`` for n responses ``[n, R]`` that share one prompt ``[P]``: the
     prompt runs once and its KV cache (gradient included) is shared, so a group costs
     ``P + n·R`` tokens instead of ``n·(P + R)`` — the prompt dominates RLLA-sized inputs.
 
+    With ``response_lengths`` (tokens up to each row's last real one) the responses run in
+    ``length_buckets``, each padded only to its own longest row: about ``P + Σ R_i`` tokens.
     Right padding in ``response_ids`` is harmless: causal attention never lets a real token see a
-    later pad, and pad positions are masked out of every loss.
+    later pad, and pad positions are masked out of every loss (their outputs here are zeros).
     """
     from transformers import DynamicCache
 
@@ -126,21 +162,48 @@ def shared_prefix_logprobs(
     head = causal_lm.get_output_embeddings()
     n, r = response_ids.shape
     p = prompt_ids.shape[0]
+    lengths = [r] * n if response_lengths is None else [min(max(x, 1), r) for x in response_lengths]
     cache = DynamicCache(config=causal_lm.config)
     first = backbone(input_ids=prompt_ids.view(1, p), past_key_values=cache, use_cache=True)
     h_last = first.last_hidden_state[:, -1:]  # predicts response token 0
-    hidden = h_last.expand(n, 1, -1)
-    if r > 1:
-        cache.batch_repeat_interleave(n)
-        rest = backbone(
-            input_ids=response_ids[:, :-1],
-            past_key_values=cache,
-            position_ids=torch.arange(p, p + r - 1).expand(n, -1),
-            use_cache=True,
-        )
-        hidden = torch.cat([hidden, rest.last_hidden_state], dim=1)
-    return _head_stats(
-        head, hidden, response_ids, temperature, chunk_size, with_entropy, with_hidden
+    parts: list[tuple[list[int], ResponseLogprobs]] = []
+    for rows in length_buckets(lengths):
+        w = max(lengths[i] for i in rows)
+        ids = response_ids[rows, :w]
+        hidden = h_last.expand(len(rows), 1, -1)
+        if w > 1:
+            rest = backbone(
+                input_ids=ids[:, :-1],
+                past_key_values=_prompt_cache(causal_lm, cache, len(rows)),
+                position_ids=torch.arange(p, p + w - 1).expand(len(rows), -1),
+                use_cache=True,
+            )
+            hidden = torch.cat([hidden, rest.last_hidden_state], dim=1)
+        stats = _head_stats(head, hidden, ids, temperature, chunk_size, with_entropy, with_hidden)
+        parts.append((rows, stats))
+    return _scatter_rows(parts, n, r)
+
+
+def _scatter_rows(parts: list[tuple[list[int], ResponseLogprobs]], n: int, r: int):
+    """Bucketed results back in row order, right-padded with zeros to width ``r``."""
+    order = [i for rows, _ in parts for i in rows]
+    inverse = torch.empty(n, dtype=torch.long)
+    inverse[torch.tensor(order)] = torch.arange(n)
+
+    def cat(field: str) -> torch.Tensor | None:
+        ts = [getattr(s, field) for _, s in parts]
+        if ts[0] is None:
+            return None
+        padded = [
+            torch.nn.functional.pad(
+                t, (0, 0, 0, r - t.shape[1]) if t.dim() == 3 else (0, r - t.shape[1])
+            )
+            for t in ts
+        ]
+        return torch.cat(padded, dim=0)[inverse]
+
+    return ResponseLogprobs(
+        logprobs_BR=cat("logprobs_BR"), entropy_BR=cat("entropy_BR"), hidden_BR=cat("hidden_BR")
     )
 
 

@@ -44,6 +44,12 @@ def _shared_prompt(ids: torch.Tensor, attn: torch.Tensor, r: int) -> torch.Tenso
     return prompt_ids[0][prompt_mask[0].bool()]
 
 
+def _response_lengths(resp_attn: torch.Tensor) -> list[int]:
+    """Tokens up to each row's last attended one (multi-turn rows attend their tool tokens too)."""
+    idx = torch.arange(1, resp_attn.shape[1] + 1, device=resp_attn.device)
+    return (resp_attn.bool() * idx).amax(1).tolist()
+
+
 def _pad_right(x: torch.Tensor, width: int) -> torch.Tensor:
     return torch.nn.functional.pad(x, (0, width - x.shape[1]))
 
@@ -136,6 +142,11 @@ class Actor:
                         self.chunk,
                         entropy,
                         values,
+                        # Sharded passes are collectives per layer call: every rank must make
+                        # the same calls, so ranks keep one padded bucket per group.
+                        response_lengths=None
+                        if self.ranks.sharded
+                        else _response_lengths(attn[:, -r:]),
                     )
                 else:
                     res = response_logprobs(
