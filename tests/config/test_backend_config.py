@@ -17,11 +17,50 @@ def cfg(*overrides: str) -> TrainConfig:
     return load_config(TrainConfig, None, list(overrides))
 
 
-def test_defaults_are_local_hf():
+def test_defaults_are_local_auto():
+    """Issue #19: the default backend is auto (vLLM where it is installed), the update local."""
     c = TrainConfig()
-    assert c.actor_rollout_ref.rollout.name == "hf"
+    assert c.actor_rollout_ref.rollout.name == "auto"
     assert c.trainer.distributed.backend == "local"
-    assert backends.backend_name(c) == "hf"
+    want = "vllm" if importlib.util.find_spec("vllm") else "hf"
+    assert backends.backend_name(c) == want
+
+
+class _Model:
+    def __init__(self, hidden: int, heads: int) -> None:
+        self.hidden_size, self.num_attention_heads = hidden, heads
+
+
+def test_auto_picks_vllm_only_for_a_model_it_serves_here(monkeypatch):
+    """auto falls back to HF, saying why, where vLLM-CPU would refuse the model at the first
+    generate (head size 16: the tiny test model) or where async training needs the HF module."""
+    monkeypatch.setattr(backends, "vllm_available", lambda: True)
+    monkeypatch.setattr(backends, "_cpu_head_sizes", lambda: (32, 64, 128))
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    c = TrainConfig()
+    assert backends.backend_choice(c, _Model(576, 9)) == (
+        "vllm",
+        "rollout.name=auto and vLLM is installed",
+    )
+    name, why = backends.backend_choice(c, _Model(64, 4))
+    assert name == "hf" and "head sizes [32, 64, 128]" in why and "is 16" in why
+    name, why = backends.backend_choice(cfg("async_training.enable=true"), _Model(576, 9))
+    assert name == "hf" and "async_training" in why
+    monkeypatch.setattr(backends, "vllm_available", lambda: False)
+    assert backends.backend_choice(c, _Model(576, 9))[0] == "hf"
+    # An explicit name is honoured (vllm on an unsupported model fails loudly in vLLM itself).
+    monkeypatch.setattr(backends, "vllm_available", lambda: True)
+    assert (
+        backends.backend_name(cfg("actor_rollout_ref.rollout.name=vllm"), _Model(64, 4)) == "vllm"
+    )
+
+
+def test_the_choice_is_announced_once(capsys, monkeypatch):
+    monkeypatch.setattr(backends, "_announced", set())
+    backends._announce("hf", "rollout.name=auto and vLLM is not installed")
+    backends._announce("hf", "rollout.name=auto and vLLM is not installed")
+    err = capsys.readouterr().err
+    assert err.count("rollout backend: hf (rollout.name=auto and vLLM is not installed)") == 1
 
 
 @pytest.mark.parametrize(
@@ -103,7 +142,9 @@ def test_rollout_mode_is_checked(monkeypatch):
     with pytest.raises(ConfigError, match="actor_rollout_ref.rollout.mode"):
         validate_train_config(cfg("actor_rollout_ref.rollout.mode=server"))
     with pytest.raises(ConfigError, match="rollout.name=vllm"):  # HF has no async engine
-        validate_train_config(cfg("actor_rollout_ref.rollout.mode=async"))
+        validate_train_config(
+            cfg("actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.rollout.mode=async")
+        )
     async_vllm = ("actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.mode=async")
     validate_train_config(cfg(*async_vllm))
     validate_train_config(cfg(*async_vllm, "trainer.distributed.backend=ray"))  # per worker

@@ -31,6 +31,7 @@ def test_mixture_with_base_smollm2_logs_finite_importance_weights(tmp_path):
         [
             "actor_rollout_ref.model.path=smollm2-135m-toolrl",
             "rollout_only.model_path=smollm2-135m",
+            "actor_rollout_ref.rollout.name=hf",  # the core tier stays on HF; tests/vllm has vLLM
             "rollout_only.temperature=0.8",
             "rollout_only.top_p=0.95",
             "rollout_only.top_k=40",

@@ -50,6 +50,7 @@ def test_one_grpo_step_on_smollm2(tmp_path):
         [
             "actor_rollout_ref.model.path=smollm2-135m",
             "actor_rollout_ref.model.lora_rank=8",
+            "actor_rollout_ref.rollout.name=hf",  # the core tier stays on HF; tests/vllm has vLLM
             "data.train_batch_size=1",
             "actor_rollout_ref.rollout.n=2",
             "actor_rollout_ref.actor.ppo_mini_batch_size=1",

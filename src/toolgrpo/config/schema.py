@@ -144,7 +144,9 @@ class MultiTurnConfig:
 
 @dataclass
 class RolloutConfig:
-    name: str = "hf"  # hf | vllm | auto (vllm when it imports, else hf)
+    # hf | vllm | auto: vLLM when it imports and serves the model here (on CPU: its head size),
+    # else HF; the choice and its reason are printed once at startup
+    name: str = "auto"
     # sync: one generate call per wave of episode turns | async: vLLM's async engine, each turn
     # its own request, continuously batched (multi-turn; name=vllm or auto)
     mode: str = "sync"

@@ -160,7 +160,7 @@ def evaluate_episodes(
         metrics.update(routed_metrics(routing, "val"))
     return {
         "mode": "episodes",
-        "backend": backend_name(cfg),
+        "backend": backend_name(cfg, policy.base.config),
         "routed": routes is not None,
         "sampling": asdict(val_sampling_params(cfg)),
         "num_tasks": len(tasks),

@@ -151,7 +151,8 @@ class FixedPolicies:
         """The generator of fixed policy ``label`` on the actor's backend."""
         spec = self.specs[label]
         policy = self._policy(spec)
-        if self.backend != "vllm":
+        on_vllm = self.cfg is not None and backend_name(self.cfg, policy.base.config) == "vllm"
+        if not on_vllm:
             return HFGenerator(policy.model, self.tokenizer, policy.dtype, spec.batch_size)
         key = _model_key(spec.model)
         if key not in self._engines:

