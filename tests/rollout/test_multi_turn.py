@@ -196,6 +196,27 @@ def test_tool_errors_are_counted_and_shown(tok):
     assert "Error: boom" in tok.decode(ep.response_ids)
 
 
+class SlowAddEnv(AddEnv):
+    async def step(self, calls: list[ToolCall]) -> list[ToolResult]:
+        await asyncio.sleep(0.05)
+        return await super().step(calls)
+
+
+def test_time_inside_tool_calls_is_measured(tok):
+    """Issue #19: a multi-turn step's split names the tools' share (timing/tool_s); an episode
+    whose tools take 2 × 50 ms reports at least that, one without tool calls reports ~0."""
+    from toolgrpo.trainer.episode_metrics import episode_metrics
+
+    slow, _ = _play(tok, [CALL, CALL, "<answer>5</answer>"], SlowAddEnv())
+    assert slow.tool_calls == 2 and slow.tool_seconds >= 0.1
+    none, _ = _play(tok, ["<answer>5</answer>"], SlowAddEnv())
+    assert none.tool_calls == 0 and none.tool_seconds == 0.0
+    m = episode_metrics([slow, none])
+    assert m["timing/tool_s"] == pytest.approx(slow.tool_seconds)
+    per_type = f"episode/{slow.task_type}/tool_seconds/mean"
+    assert m[per_type] == pytest.approx(slow.tool_seconds / 2)
+
+
 def test_malformed_call_is_reported_to_the_model(tok):
     ep, _ = _play(tok, ["<tool_call>{not json</tool_call>", "<answer>5</answer>"], AddEnvReal())
     assert ep.tool_errors == 1 and ep.num_turns == 2

@@ -49,6 +49,7 @@ class Episode:
     tool_calls: int = 0
     tool_errors: int = 0
     tool_error_types: dict[str, int] = field(default_factory=dict)
+    tool_seconds: float = 0.0  # wall time inside the environment's tool calls (env.step)
     prefix_mismatches: int = 0  # turns whose re-rendered text did not extend the tokens exactly
     rollback: RollbackStats = field(default_factory=RollbackStats)  # tool rollback (issue #6)
     negatives: list[NegativeSample] = field(default_factory=list)  # rolled-back failed attempts

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -127,11 +128,13 @@ async def play_task(
                 break
             new = list(more)
         else:
+            t0 = time.perf_counter()
             try:
                 results = await _run_calls(env, calls, getattr(condition, "refuse", None))
             except Exception as exc:  # the contract says step never raises; hold it to that
                 env.fatal_error = f"step raised {type(exc).__name__}: {exc}"
                 results = []
+            ep.tool_seconds += time.perf_counter() - t0
             _count_tools(ep, results)
             if env.fatal_error:
                 ep.stop_reason = "env_error"

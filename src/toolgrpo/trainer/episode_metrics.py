@@ -18,6 +18,7 @@ def _summary(eps: Sequence[Episode], prefix: str) -> dict[str, float]:
         f"{prefix}tool_errors/mean": fmean(e.tool_errors for e in eps),
         f"{prefix}tool_error_rate": sum(e.tool_errors for e in eps) / calls if calls else 0.0,
         f"{prefix}truncated_frac": fmean(float(e.truncated) for e in eps),
+        f"{prefix}tool_seconds/mean": fmean(e.tool_seconds for e in eps),
     }
     parts: dict[str, list[float]] = defaultdict(list)
     for e in eps:
@@ -50,6 +51,9 @@ def episode_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
             "response_length/clip_ratio": fmean(float(e.truncated) for e in ok),
             "prompt_length/mean": fmean(len(e.prompt_ids) for e in ok),
             "rollout/prefix_mismatch": float(sum(e.prefix_mismatches for e in ok)),
+            # Summed over episodes, which overlap each other and other episodes' generation:
+            # the tools' share of the rollout, not a wall-clock phase like timing/gen_s.
+            "timing/tool_s": sum(e.tool_seconds for e in episodes),
         }
     )
     errors: dict[str, int] = defaultdict(int)
