@@ -3,22 +3,24 @@
 Two runs of the agent main job (configs/agent_smollm2_grpo.yaml) with the same steps and seed on
 calculator + search, whose tools can fail: ``off`` plays episodes as they come; ``on`` rolls
 failing tool turns back, retries them and trains on the failed attempts as negative members of
-their group. Each arm's final policy is scored greedily on the held-out calculator and search
-test sets (200 tasks, no rollback), as is the warm start before training: accuracy and tool
-error rate, each with its standard error. During training the error rate counts every call the
-policy made, rolled-back attempts included, so the two arms measure the same thing.
+their group. Each arm's final checkpoint and the warm start are then scored by ``toolgrpo eval``
+on every held-out calculator and search test task (200, greedy, no rollback), and compared
+**paired by task**: accuracy and the share of episodes with a tool error, each difference with
+the standard error of the per-task difference. During training the error rate counts every
+call the policy made, rolled-back attempts included, so the two arms measure the same thing.
 
-Run by hand (SmolLM2: long on a 2-core CPU):  python benchmarks/negatives.py [--steps 12] [k=v ...]
+Run by hand (SmolLM2: about an hour on a 2-core CPU):
+    python benchmarks/negatives.py [--steps 12] [k=v ...]
 Writes benchmarks/results/negatives.json and negatives.png (or ``--results DIR``) and prints
-one table. ``key=value`` overrides apply to both runs, e.g. a tiny model for a smoke test.
+the tables. ``key=value`` overrides apply to both runs and the evaluations.
 """
 
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -32,9 +34,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from toolgrpo.config.loader import load_config  # noqa: E402
-from toolgrpo.config.schema import TrainConfig  # noqa: E402
-from toolgrpo.trainer.trainer import Trainer  # noqa: E402
+from toolgrpo.eval.paired import MEASURES, format_rows, load_outcomes, paired  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "configs" / "agent_smollm2_grpo.yaml"
@@ -44,54 +44,65 @@ ARMS = {
     "off": [f"{MT}enable_tool_rollback=false"],
     "on": [f"{MT}enable_tool_rollback=true", f"{MT}save_negative_samples=true"],
 }
-KEPT_PREFIXES = ("episode/", "rollout/", "reward/mean", "batch/size", "timing/step_s", "val/")
+KEPT_PREFIXES = ("episode/", "rollout/", "reward/mean", "batch/size", "timing/", "actor/")
+CLI = [sys.executable, "-m", "toolgrpo.cli"]
+
+
+def _run(cmd: list[str], log: Path) -> float:
+    """Run one toolgrpo command, its output to ``log``; its wall time. A failure stops here."""
+    t0 = time.time()
+    with log.open("w") as f:
+        proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, check=False)
+    if proc.returncode != 0:
+        tail = "\n".join(log.read_text().splitlines()[-20:])
+        raise SystemExit(f"{' '.join(cmd)} failed (exit {proc.returncode}):\n{tail}")
+    return time.time() - t0
 
 
 def run_arm(name: str, overrides: list[str], out: Path) -> tuple[list[dict[str, float]], float]:
-    """One training run; its per-step metrics (the ones this benchmark reads, the final held-out
-    validation included) and wall time."""
-    cfg = load_config(TrainConfig, CONFIG, [*overrides, *ARMS[name], f"trainer.output_dir={out}"])
-    t0 = time.time()
-    trainer = Trainer(cfg)
-    history = trainer.fit()
-    seconds = time.time() - t0
-    del trainer
-    gc.collect()
-    rows = [
-        {"step": i + 1, **{k: float(v) for k, v in h.items() if k.startswith(KEPT_PREFIXES)}}
-        for i, h in enumerate(history)
-    ]
+    """One training run in its own process; its per-step metrics and wall time."""
+    run_dir = [f"trainer.output_dir={out}", f"trainer.rollout_data_dir={out / 'rollout_data'}"]
+    cmd = [*CLI, "train", str(CONFIG), *overrides, *ARMS[name], *run_dir]
+    seconds = _run(cmd, out.parent / f"train_{name}.log")
+    rows = []
+    for line in (out / "metrics.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        if rec.get("step", 0) > 0:
+            kept = {k: float(v) for k, v in rec.items() if k.startswith(KEPT_PREFIXES)}
+            rows.append({"step": rec["step"], **kept})
     return rows, seconds
 
 
-def held_out(metrics: dict[str, float]) -> dict[str, Any]:
-    """Greedy held-out accuracy and tool error rate per task type, each with its standard error
-    (the error rate's over calls, as a binomial proportion)."""
-    out: dict[str, Any] = {}
-    for t in TASK_TYPES:
-        p = f"val/{t}/"
-        if f"{p}accuracy" not in metrics:
-            continue
-        calls = metrics[f"{p}calls_per_episode"] * metrics[f"{p}episodes"]
-        err = metrics[f"{p}tool_error_rate"]
-        out[t] = {
-            "accuracy": metrics[f"{p}accuracy"],
-            "accuracy_se": metrics[f"{p}accuracy_se"],
-            "tool_call_rate": metrics[f"{p}tool_call_rate"],
-            "tool_error_rate": err,
-            "tool_error_rate_se": (err * (1 - err) / calls) ** 0.5 if calls else 0.0,
-            "episodes": metrics[f"{p}episodes"],
-        }
+def evaluate(label: str, checkpoint: Path | None, extra: list[str], work: Path) -> Path:
+    """``toolgrpo eval`` on every calculator and search test task, every episode kept."""
+    out = work / f"eval_{label}.json"
+    ckpt = ["--checkpoint", str(checkpoint)] if checkpoint else []
+    files = f"data.val_files=[{','.join(f'{t}:test' for t in TASK_TYPES)}]"
+    cmd = [*CLI, "eval", *ckpt, "--samples", "1000", "--output", str(out), str(CONFIG), files]
+    _run([*cmd, *extra], work / f"eval_{label}.log")
     return out
 
 
-def step0_validation(out: Path) -> dict[str, float]:
-    """The warm start's held-out metrics, from the run's metrics.jsonl (step 0)."""
-    for line in (out / "metrics.jsonl").read_text().splitlines():
-        row = json.loads(line)
-        if row.get("step") == 0:
-            return {k: v for k, v in row.items() if k.startswith("val/")}
-    return {}
+def eval_summary(path: Path) -> dict[str, Any]:
+    """Per task type: accuracy, tool-call and tool-error rates (per call), with their SEs."""
+    summary = json.loads(path.read_text())["summary"]
+    out: dict[str, Any] = {}
+    for t in (*TASK_TYPES, "all"):
+        s = summary.get(t)
+        if not s:
+            continue
+        calls = s["calls_per_episode"] * s["episodes"]
+        err = s["tool_error_rate"]
+        out[t] = {
+            "accuracy": s["accuracy"],
+            "accuracy_se": s["accuracy_se"],
+            "tool_call_rate": s["tool_call_rate"],
+            "tool_error_rate": err,
+            "tool_error_rate_se": (err * (1 - err) / calls) ** 0.5 if calls else 0.0,
+            "tool_errors": s.get("tool_errors", {}),
+            "episodes": s["episodes"],
+        }
+    return out
 
 
 def summarize(rows: list[dict[str, float]], seconds: float) -> dict[str, Any]:
@@ -117,7 +128,6 @@ def summarize(rows: list[dict[str, float]], seconds: float) -> dict[str, Any]:
         r.get("rollout/retry_success_rate", 0.0) * r.get("rollout/rollbacks", 0.0) for r in rows
     )
     out["retry_success_rate"] = recovered / out["rollbacks"] if out["rollbacks"] else 0.0
-    out["held_out_final"] = held_out(rows[-1]) if rows else {}
     for t in TASK_TYPES:
         seen = [r for r in rows if f"episode/{t}/tool_calls/mean" in r]
         out[f"{t}/tool_error_rate"] = rate(seen, f"episode/{t}/") if seen else None
@@ -162,6 +172,17 @@ def _fmt(h: dict[str, Any], key: str) -> str:
     return f"{h[key]:.3f} ± {h[key + '_se']:.3f}" if h else "-"
 
 
+def comparisons(evals: dict[str, Path]) -> dict[str, dict[str, Any]]:
+    """Paired differences (after − before) by task: each arm vs the warm start, on vs off."""
+    outcomes = {k: load_outcomes(v) for k, v in evals.items()}
+    pairs = {"off - warm_start": ("warm_start", "off"), "on - warm_start": ("warm_start", "on")}
+    pairs["on - off"] = ("off", "on")
+    return {
+        name: {m: paired(outcomes[a], outcomes[b], m) for m in MEASURES}
+        for name, (a, b) in pairs.items()
+    }
+
+
 def main(argv: list[str]) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=12)
@@ -170,49 +191,62 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--work", type=Path, default=None, help="run directories (default: a tmp dir)")
     args, extra = ap.parse_known_args(argv)
     work = args.work or Path(tempfile.mkdtemp(prefix="toolgrpo_negatives_"))
+    work.mkdir(parents=True, exist_ok=True)
     overrides = [
         f"data.train_files=[{','.join(f'{t}:train' for t in TASK_TYPES)}]",
-        f"data.val_files=[{','.join(f'{t}:test' for t in TASK_TYPES)}]",
-        "data.val_max_samples=-1",  # every held-out task: 100 per type
         f"trainer.total_training_steps={args.steps}",
-        f"trainer.test_freq={args.steps}",  # the final policy, scored once
+        "trainer.val_before_train=false",  # held-out scoring is done by toolgrpo eval afterwards
+        "trainer.test_freq=-1",
         f"trainer.seed={args.seed}",
         f"data.seed={args.seed}",
         "trainer.logger=[jsonl]",
-        "trainer.save_freq=-1",
+        "trainer.save_freq=-1",  # the final checkpoint only
+        "trainer.save_hf_model=false",
         "trainer.resume=disable",
         "trainer.overwrite_output_dir=true",  # a re-run replaces (moves aside) the last one
         *extra,
     ]
     runs, summary = {}, {}
-    for i, arm in enumerate(ARMS):
-        # Both arms start from the same weights: score the warm start once, in the first arm.
-        before = [f"trainer.val_before_train={'true' if i == 0 else 'false'}"]
-        rows, seconds = run_arm(arm, [*overrides, *before], work / arm)
+    for arm in ARMS:
+        rows, seconds = run_arm(arm, overrides, work / arm)
         runs[arm], summary[arm] = rows, summarize(rows, seconds)
-        if i == 0:
-            summary["warm_start"] = {"held_out_final": held_out(step0_validation(work / arm))}
+        print(f"{arm}: {len(rows)} steps in {seconds:.0f} s", flush=True)
+    evals = {"warm_start": evaluate("warm_start", None, extra, work)}
+    for arm in ARMS:
+        ckpt = work / arm / "checkpoints" / f"global_step_{args.steps}"
+        evals[arm] = evaluate(arm, ckpt, extra, work)
+    for name, path in evals.items():
+        summary.setdefault(name, {})["held_out"] = eval_summary(path)
+    paired_results = comparisons(evals)
     args.results.mkdir(parents=True, exist_ok=True)
     record = {
         "config": str(CONFIG.relative_to(ROOT)),
         "overrides": overrides,
         "arms": {k: v for k, v in ARMS.items()},
         "cpu_flags": cpu_flags(),
+        "load_average_at_end": os.getloadavg(),
         "summary": summary,
+        "paired": paired_results,
         "steps": runs,
     }
     (args.results / "negatives.json").write_text(json.dumps(record, indent=1))
     plot(runs, args.results / "negatives.png")
-    t = Table(title=f"Held-out (greedy) after {args.steps} steps, negatives on vs off")
+    t = Table(
+        title=f"Held-out (greedy, toolgrpo eval) after {args.steps} steps, negatives on vs off"
+    )
     for c in ("policy", *(f"{ty} {m}" for ty in TASK_TYPES for m in ("accuracy", "tool errors"))):
         t.add_column(c)
     for name in ("warm_start", *ARMS):
-        h = summary[name]["held_out_final"]
+        h = summary[name]["held_out"]
         cells = []
         for ty in TASK_TYPES:
             cells += [_fmt(h.get(ty, {}), "accuracy"), _fmt(h.get(ty, {}), "tool_error_rate")]
         t.add_row(name if name == "warm_start" else f"negatives {name}", *cells)
     Console(width=150).print(t)
+    for name, by_measure in paired_results.items():
+        for measure, result in by_measure.items():
+            print(f"paired {name}, {measure}:")
+            print("\n".join(format_rows(result)))
     t = Table(title=f"During training ({args.steps} steps, seed {args.seed})")
     cols = ("negatives", "error rate", "last half", *TASK_TYPES, "reward", "rollbacks")
     for c in (*cols, "retry ok", "negatives kept", "s/step"):
