@@ -16,6 +16,10 @@ settle, the table says why (a budget that does not bind, a cost floor, too few s
 
 Run by hand (SmolLM2: many hours on a 2-core CPU):
     python benchmarks/router_budget.py [--steps 40] [--val-per-type 20]
+Each finished run is kept in ``<results>/router_budget_runs/<run>.json`` with the settings it ran
+under; a later invocation with the same settings reuses it instead of training again, so the
+runs can be spread over several sessions (``--budgets 0.3 --modes reward`` runs one of them;
+``--rerun`` trains every run again). The table and plot cover every run of the plan on record.
 Writes benchmarks/results/router_budget.{json,png} (or ``--results DIR``) and prints one table
 (``--markdown`` for the README). ``key=value`` overrides apply to every run (e.g. a tiny model
 and ``--steps 2`` for a smoke test).
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import hashlib
 import json
 import os
 import sys
@@ -247,6 +252,23 @@ def plot(runs: dict[str, dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
+def settings_key(overrides: list[str], budget: float, mode: str) -> str:
+    """What a run's result depends on: the shared overrides, its budget and mode, and the
+    dtype ``auto`` resolves to on this CPU (bf16 where native, else fp32)."""
+    from toolgrpo.models.loading import compute_dtype
+
+    text = json.dumps([*BASE, *overrides, budget, mode, str(compute_dtype("auto"))])
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def recorded_run(path: Path, key: str) -> dict[str, Any] | None:
+    """A finished run's record when it ran under the same settings, else None."""
+    if not path.is_file():
+        return None
+    record = json.loads(path.read_text())
+    return record if record.get("settings_key") == key else None
+
+
 def _fmt(x: float | None, spec: str = ".3f") -> str:
     return "-" if x is None else format(x, spec)
 
@@ -299,6 +321,7 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results")
     ap.add_argument("--work", type=Path, default=None, help="run directories (default: a tmp dir)")
     ap.add_argument("--markdown", action="store_true", help="print the table as markdown")
+    ap.add_argument("--rerun", action="store_true", help="train runs already on record again")
     args, extra = ap.parse_known_args(argv)
     work = args.work or Path(tempfile.mkdtemp(prefix="toolgrpo_router_budget_"))
     val = write_val(work / "val.jsonl", args.val_per_type)
@@ -313,10 +336,24 @@ def main(argv: list[str]) -> None:
     ]
     plan = [] if args.no_unconstrained else [("unconstrained", UNCONSTRAINED, "reward")]
     plan += [(f"B={b} {m}", b, m) for b in args.budgets for m in args.modes]
+    # The held-out file's path differs per invocation; its content is fixed by --val-per-type.
+    shared = [o for o in overrides if not o.startswith("data.val_files=")]
+    shared.append(f"val_per_type={args.val_per_type}")
+    kept = args.results / "router_budget_runs"
+    kept.mkdir(parents=True, exist_ok=True)
     runs: dict[str, dict[str, Any]] = {}
     for name, b, mode in plan:
-        rows, seconds = run_one(b, mode, overrides, work / name.replace(" ", "_"))
-        runs[name] = {"summary": summarize(rows, b, mode, seconds), "rows": rows}
+        path, key = kept / f"{name.replace(' ', '_')}.json", settings_key(shared, b, mode)
+        record = None if args.rerun else recorded_run(path, key)
+        if record is None:
+            rows, seconds = run_one(b, mode, overrides, work / name.replace(" ", "_"))
+            record = {"settings_key": key, "rows": rows}
+            record["summary"] = summarize(rows, b, mode, seconds)
+            record["load_average_at_end"] = os.getloadavg()
+            path.write_text(json.dumps(record, indent=1))
+        else:
+            print(f"{name}: reusing {path} (same settings)")
+        runs[name] = {"summary": record["summary"], "rows": record["rows"]}
     free = runs.get("unconstrained", {}).get("summary", {}).get("cost_last_quarter")
     for run in runs.values():
         if run["summary"]["budget"] < UNCONSTRAINED:
