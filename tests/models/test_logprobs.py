@@ -231,3 +231,56 @@ def test_masked_token_logprobs_empty_mask(lm):
     ids = torch.tensor([[5, 6, 7]])
     out = masked_token_logprobs(lm, ids, torch.ones_like(ids), torch.zeros_like(ids))
     assert out.shape == (0,)
+
+
+def _tool_mask(rmask: torch.Tensor, seed: int = 3) -> torch.Tensor:
+    """A multi-turn-like target mask: real response tokens, with runs of 'tool output' zeroed."""
+    g = torch.Generator().manual_seed(seed)
+    keep = (torch.rand(rmask.shape, generator=g) > 0.5).float()
+    return rmask * keep
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_target_mask_scores_only_the_policy_tokens_with_the_same_values_and_gradients(lm, shared):
+    """The LM head limited to mask-1 positions (#19: multi-turn rows are mostly tool output)
+    gives the unmasked pass's log-probs, entropies and gradients there, and 0 elsewhere."""
+    vocab = lm.config.vocab_size
+    prompt, resp, rmask, ids, attn, R = _shared_inputs(vocab, n=4, resp_lens=(9, 2, 6, 8), seed=7)
+    tmask = _tool_mask(rmask)
+    assert 0 < tmask.sum() < rmask.sum()
+    params = [p for p in lm.parameters() if p.requires_grad]
+
+    def run(mask):
+        lm.zero_grad()
+        if shared:
+            lengths = [9, 2, 6, 8]
+            o = shared_prefix_logprobs(
+                lm, prompt, resp, 0.7, 2, True, True, response_lengths=lengths, target_mask=mask
+            )
+        else:
+            o = response_logprobs(lm, ids, attn, R, 0.7, 2, True, True, target_mask=mask)
+        ((o.logprobs_BR - 0.3 * o.entropy_BR) * tmask).sum().backward()
+        return o, [p.grad.clone() for p in params]
+
+    full, g_full = run(None)
+    part, g_part = run(tmask)
+    lm.zero_grad()
+    m = tmask.bool()
+    torch.testing.assert_close(part.logprobs_BR[m], full.logprobs_BR[m], rtol=0, atol=1e-5)
+    torch.testing.assert_close(part.entropy_BR[m], full.entropy_BR[m], rtol=0, atol=1e-5)
+    assert (part.logprobs_BR[~m] == 0).all() and (part.entropy_BR[~m] == 0).all()
+    assert part.hidden_BR.shape == full.hidden_BR.shape
+    for ga, gb in zip(g_full, g_part, strict=True):
+        torch.testing.assert_close(gb, ga, rtol=1e-4, atol=1e-5)
+    assert any(g.abs().sum() > 0 for g in g_part)
+
+
+def test_target_mask_with_no_scored_token_still_backpropagates(lm):
+    """A micro-batch whose rows hold no policy token (all tool output) gives zeros and a loss
+    that backward accepts, as before the head was masked."""
+    vocab = lm.config.vocab_size
+    ids, attn, rmask, R = _batch(vocab, [4, 3], [3, 2])
+    o = response_logprobs(lm, ids, attn, R, 1.0, 2, True, target_mask=torch.zeros_like(rmask))
+    assert o.logprobs_BR.shape == (2, R) and (o.logprobs_BR == 0).all()
+    (o.logprobs_BR.sum() + o.entropy_BR.sum()).backward()
+    lm.zero_grad()

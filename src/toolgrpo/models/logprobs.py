@@ -62,8 +62,31 @@ def _head_stats(
     chunk_size: int,
     with_entropy: bool,
     with_hidden: bool,
+    target_mask: torch.Tensor | None = None,
 ) -> ResponseLogprobs:
-    """LM head over ``hidden [B, R, H]`` in chunks along R, each recomputed in backward."""
+    """LM head over ``hidden [B, R, H]`` in chunks along R, each recomputed in backward.
+
+    With ``target_mask [B, R]`` the head runs only where it is 1 (the policy's own tokens); the
+    other positions get 0. In multi-turn episodes most response tokens are tool output that no
+    loss reads, and the head (49k-way for SmolLM2) is a large share of a token's cost."""
+    if target_mask is not None:
+        keep = target_mask.bool()
+        picked = _head_stats(
+            head,
+            hidden[keep][None],
+            targets[keep][None],
+            temperature,
+            chunk_size,
+            with_entropy,
+            False,
+        )
+        zeros = torch.zeros(targets.shape, dtype=picked.logprobs_BR.dtype, device=targets.device)
+        ent = picked.entropy_BR
+        return ResponseLogprobs(
+            logprobs_BR=zeros.masked_scatter(keep, picked.logprobs_BR[0]),
+            entropy_BR=None if ent is None else zeros.masked_scatter(keep, ent[0]),
+            hidden_BR=hidden if with_hidden else None,
+        )
     lps, ents = [], []
     grad = torch.is_grad_enabled()
     for s in range(0, targets.shape[1], chunk_size):
@@ -76,6 +99,9 @@ def _head_stats(
             lp, ent = _chunk_stats(head, h, t, temperature, with_entropy)
         lps.append(lp)
         ents.append(ent)
+    if not lps:  # no position to score: empty, but still part of the graph for backward
+        empty = hidden.float().sum(-1)
+        return ResponseLogprobs(empty, empty if with_entropy else None, None)
     return ResponseLogprobs(
         logprobs_BR=torch.cat(lps, dim=1),
         entropy_BR=torch.cat(ents, dim=1) if with_entropy else None,
@@ -92,8 +118,10 @@ def response_logprobs(
     chunk_size: int = 64,
     with_entropy: bool = False,
     with_hidden: bool = False,
+    target_mask: torch.Tensor | None = None,
 ) -> ResponseLogprobs:
-    """Log-probs (and entropy) of the last ``response_length`` tokens of each row.
+    """Log-probs (and entropy) of the last ``response_length`` tokens of each row; with
+    ``target_mask [B, response_length]`` only where it is 1 (0 elsewhere).
 
     ``causal_lm`` is a ``*ForCausalLM`` (for LoRA, the PEFT base model with adapters in place).
     """
@@ -101,7 +129,9 @@ def response_logprobs(
     last = _last_hidden(causal_lm, input_ids, attention_mask)
     hidden = last[:, -response_length - 1 : -1]
     targets = input_ids[:, -response_length:]
-    return _head_stats(head, hidden, targets, temperature, chunk_size, with_entropy, with_hidden)
+    return _head_stats(
+        head, hidden, targets, temperature, chunk_size, with_entropy, with_hidden, target_mask
+    )
 
 
 def length_buckets(lengths: list[int], slack: float = 1.25) -> list[list[int]]:
@@ -146,6 +176,7 @@ def shared_prefix_logprobs(
     with_entropy: bool = False,
     with_hidden: bool = False,
     response_lengths: list[int] | None = None,
+    target_mask: torch.Tensor | None = None,
 ) -> ResponseLogprobs:
     """Like ``response_logprobs`` for n responses ``[n, R]`` that share one prompt ``[P]``: the
     prompt runs once and its KV cache (gradient included) is shared, so a group costs
@@ -155,6 +186,8 @@ def shared_prefix_logprobs(
     ``length_buckets``, each padded only to its own longest row: about ``P + Σ R_i`` tokens.
     Right padding in ``response_ids`` is harmless: causal attention never lets a real token see a
     later pad, and pad positions are masked out of every loss (their outputs here are zeros).
+    ``target_mask [n, R]`` limits the LM head to the positions where it is 1, as in
+    ``response_logprobs``.
     """
     from transformers import DynamicCache
 
@@ -179,7 +212,10 @@ def shared_prefix_logprobs(
                 use_cache=True,
             )
             hidden = torch.cat([hidden, rest.last_hidden_state], dim=1)
-        stats = _head_stats(head, hidden, ids, temperature, chunk_size, with_entropy, with_hidden)
+        mask = None if target_mask is None else target_mask[rows, :w]
+        stats = _head_stats(
+            head, hidden, ids, temperature, chunk_size, with_entropy, with_hidden, mask
+        )
         parts.append((rows, stats))
     return _scatter_rows(parts, n, r)
 

@@ -130,6 +130,8 @@ class Actor:
             self.policy.model.disable_adapter() if reference and self.ref is None else nullcontext()
         )
         prompt = _shared_prompt(ids, attn, r)
+        # The LM head runs only at the policy's own tokens: nothing reads the others' log-probs.
+        scored = mb.response_mask_BR[:, :r]
 
         def run():
             with ctx, policy.autocast():
@@ -147,10 +149,19 @@ class Actor:
                         response_lengths=None
                         if self.ranks.sharded
                         else _response_lengths(attn[:, -r:]),
+                        target_mask=scored,
                     )
                 else:
                     res = response_logprobs(
-                        policy.base, ids, attn, r, self.temperature, self.chunk, entropy, values
+                        policy.base,
+                        ids,
+                        attn,
+                        r,
+                        self.temperature,
+                        self.chunk,
+                        entropy,
+                        values,
+                        target_mask=scored,
                     )
             v = None
             if values and self.value_head is not None:
