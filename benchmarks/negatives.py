@@ -34,6 +34,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
+from toolgrpo.eval.episodes import binomial_se  # noqa: E402
 from toolgrpo.eval.paired import MEASURES, format_rows, load_outcomes, paired  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -98,7 +99,7 @@ def eval_summary(path: Path) -> dict[str, Any]:
             "accuracy_se": s["accuracy_se"],
             "tool_call_rate": s["tool_call_rate"],
             "tool_error_rate": err,
-            "tool_error_rate_se": (err * (1 - err) / calls) ** 0.5 if calls else 0.0,
+            "tool_error_rate_se": binomial_se(err, round(calls)),
             "tool_errors": s.get("tool_errors", {}),
             "episodes": s["episodes"],
         }

@@ -27,7 +27,6 @@ class TaskOutcome:
 
     task_type: str
     success: float  # 1.0 when the episode got full marks
-    tool_calls: int
     tool_errors: int
 
     @property
@@ -60,9 +59,7 @@ def load_outcomes(path: Path) -> dict[str, TaskOutcome]:
         ok = reward is not None and math.isfinite(reward)
         ok = ok and reward >= success_threshold(s["task_type"])
         errors = s.get("tool_errors") or {}
-        out[s["task_id"]] = TaskOutcome(
-            s["task_type"], float(ok), int(s.get("tool_calls", 0)), int(sum(errors.values()))
-        )
+        out[s["task_id"]] = TaskOutcome(s["task_type"], float(ok), int(sum(errors.values())))
     return out
 
 
