@@ -25,8 +25,9 @@ What it measures, in this order:
    job's (``train_batch_size`` groups of ``rollout.n``, prompt ``--prompt`` tokens, responses
    ``--responses`` of which ``--tool-share`` is tool output, mask 0), best of
    ``--update-repeats`` after a warm-up. Model FLOPs (frozen base: forward + input gradient,
-   4·N per token; LoRA: 6·N_lora; LM head 4·H·V per scored position; attention 3× its forward) over that time, as a fraction of the GEMM peak of the
-   dtype ``auto`` picks at the run's thread count. "Executed" also counts bucket padding and the
+   4·N per token; LoRA: 6·N_lora; LM head 4·H·V per scored position; attention 3× its forward)
+   over that time, as a fraction of the GEMM peak of the dtype ``auto`` picks at the run's
+   thread count. "Executed" also counts bucket padding and the
    LM head's recomputation in backward.
 
 Nothing is downloaded (HF_HUB_OFFLINE=1). Writes benchmarks/results/roofline.json (``--tiny``:
@@ -39,7 +40,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import sys
 import tempfile
@@ -64,16 +64,12 @@ from roofline_lib import (  # noqa: E402
     ModelShape,
     body_params,
     bucket_widths,
-    cpu_flags,
     decode_bound,
     flat_tokens,
-    group_lengths,
     head_params,
     lora_params,
     main_job_reference,
     markdown_rows,
-    parse_groups,
-    response_mask,
     scored_tokens,
     shape_dict,
     shared_prefix_tokens,
@@ -81,34 +77,20 @@ from roofline_lib import (  # noqa: E402
     table_rows,
     update_flops,
 )
-from roofline_measure import DTYPES, measure_generation, measure_peaks  # noqa: E402
+from roofline_measure import (  # noqa: E402
+    DTYPES,
+    RESPONSES,
+    TOOL_SHARE,
+    load_cfg,
+    machine,
+    measure_generation,
+    measure_peaks,
+    update_groups,
+    update_inputs,
+)
 
 CONFIG = REPO / "configs" / "agent_smollm2_grpo.yaml"
 METRICS = REPO / "results" / "agent_main_job_metrics.jsonl"
-LORA_TARGETS = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
-# Response lengths (whole episodes after the prompt, tool results included) of 8 groups x 4: mean
-# 121, longest 440, one long episode beside short ones as in the main job (its medians over
-# steps: prompt 358, response mean 111, longest 437; results/agent_main_job_metrics.jsonl).
-RESPONSES = ";".join(
-    [
-        "440,60,80,100",
-        "200,150,120,90",
-        "110,100,90,80",
-        "300,70,60,50",
-        "140,130,120,110",
-        "90,80,70,60",
-        "250,200,60,40",
-        "120,110,100,90",
-    ]
-)
-# The main job's median share of tool output after the prompt: 1 − response_length/sampled_mean
-# over response_length/mean in results/agent_main_job_metrics.jsonl (main_job_reference).
-TOOL_SHARE = 0.68
-TINY = [  # the tiny random model with a LoRA shaped like the shipped adapter's
-    "actor_rollout_ref.model.lora_rank=16",
-    "actor_rollout_ref.model.lora_alpha=32",
-    f"actor_rollout_ref.model.target_modules={LORA_TARGETS}",
-]
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -144,29 +126,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 # ---- the update ---------------------------------------------------------------------------------
-def synthetic_batch(
-    vocab: int, prompt: int, groups: list[list[int]], pad_id: int, tool_share: float = 0.0
-) -> Any:
-    """GRPO groups of random tokens: one prompt per group, responses of the given lengths with
-    ``tool_share`` of each row tool output (mask 0) between the model's call and its answer,
-    non-zero advantages so every row has a gradient."""
-    from toolgrpo.trainer.batch import collate_rows
-
-    g = torch.Generator().manual_seed(0)
-    rows, uids = [], []
-    for gi, lengths in enumerate(groups):
-        p = torch.randint(10, vocab, (prompt,), generator=g).tolist()
-        for r in lengths:
-            ids = torch.randint(10, vocab, (r,), generator=g).tolist()
-            lps = (-0.5 - torch.rand(r, generator=g)).tolist()
-            rows.append((p, ids, response_mask(r, tool_share), lps))
-            uids.append(f"g{gi}")
-    b = collate_rows(rows, uids, pad_id)
-    b.old_logprobs_BR = b.rollout_logprobs_BR.clone()
-    b.advantages_BR = torch.randn(b.size, 1, generator=g) * b.response_mask_BR
-    return b
-
-
 def micro_groups(batch: Any, micro: int) -> list[list[int]]:
     """The update's micro-batches as the actor cuts them (whole groups, never mixed)."""
     from toolgrpo.trainer.batch import microbatch_indices, prompt_groups
@@ -202,12 +161,8 @@ def count_update(
 def measure_update(
     cfg: Any, policy: Any, s: ModelShape, a: argparse.Namespace, groups: list[list[int]]
 ) -> dict[str, Any]:
-    from toolgrpo.trainer.actor import Actor
-
-    actor = Actor(policy, cfg, total_steps=a.update_repeats + 1)
-    vocab = min(policy.base.config.vocab_size, 10_000)
-    pad = policy.tokenizer.pad_token_id
-    batch = synthetic_batch(vocab, a.prompt, groups, pad, a.tool_share)
+    steps = a.update_repeats + 1
+    actor, batch = update_inputs(cfg, policy, a.prompt, groups, a.tool_share, steps)
     lengths = [r for grp in groups for r in grp]
     n_lora = sum(p.numel() for p in policy.model.parameters() if p.requires_grad)
     model, executed = count_update(s, cfg, batch, a.prompt, lengths, n_lora, a.tool_share)
@@ -241,36 +196,6 @@ def measure_update(
 
 
 # ---- main ---------------------------------------------------------------------------------------
-def load_cfg(a: argparse.Namespace, work: Path) -> tuple[Any, list[str]]:
-    """The config with ``--tiny``'s model and LoRA (before the user's overrides)."""
-    from toolgrpo.config.loader import load_config
-    from toolgrpo.config.schema import TrainConfig
-
-    overrides = list(a.overrides)
-    if a.tiny:
-        from toolgrpo.models.tiny import build_tiny_model_dir
-
-        tiny = build_tiny_model_dir(work / "tiny", hidden_size=a.tiny_hidden)
-        overrides = [f"actor_rollout_ref.model.path={tiny}", *TINY, *overrides]
-    return load_config(TrainConfig, a.config, overrides), overrides
-
-
-def machine(threads: int) -> dict[str, Any]:
-    try:
-        info = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        info = ""
-    name = next((ln.split(":", 1)[1].strip() for ln in info.splitlines() if "model name" in ln), "")
-    return {
-        "cpu": name or platform.processor() or platform.machine(),
-        "cpus": os.cpu_count(),
-        "cpu_flags": cpu_flags(info),
-        "torch": torch.__version__,
-        "threads": threads,
-        "load_avg_start": list(os.getloadavg()),
-    }
-
-
 def check_counts(s: ModelShape, policy: Any) -> dict[str, int]:
     """The config-derived parameter counts next to the loaded model's (they must agree)."""
     base = policy.base
@@ -361,13 +286,7 @@ def run(a: argparse.Namespace, work: Path) -> dict[str, Any]:
     rec["generation"] = gen
 
     print("update: the actor's forward + backward on main-job-shaped groups", flush=True)
-    d = cfg.data
-    groups = group_lengths(
-        parse_groups(a.responses),
-        d.train_batch_size,
-        cfg.actor_rollout_ref.rollout.n,
-        0.1 if a.tiny else 1.0,
-    )
+    groups = update_groups(cfg, a.responses, a.tiny)
     upd = measure_update(cfg, policy, s, a, groups)
     peak_u = rec["peaks"]["gemm"][upd["dtype"]][str(upd["threads"])]["gflops"]
     upd["peak_gflops"] = peak_u

@@ -1,18 +1,53 @@
 """What benchmarks/roofline.py measures on the hardware: this machine's roofs (the best GEMM
 throughput on the model's own shapes, fp32 and bf16, per thread count; the memory bandwidth) and
-the generator's decode rate at the main job's batch."""
+the generator's decode rate at the main job's batch; and the config, machine record and
+main-job-shaped update inputs that roofline.py and profile_update.py share."""
 
 from __future__ import annotations
 
 import argparse
+import os
+import platform
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
-from roofline_lib import ModelShape, gemm_flops
+from roofline_lib import (
+    ModelShape,
+    cpu_flags,
+    gemm_flops,
+    group_lengths,
+    parse_groups,
+    response_mask,
+)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 SLOW_S = 2.0
+LORA_TARGETS = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
+# Response lengths (whole episodes after the prompt, tool results included) of 8 groups x 4: mean
+# 121, longest 440, one long episode beside short ones as in the main job (its medians over
+# steps: prompt 358, response mean 111, longest 437; results/agent_main_job_metrics.jsonl).
+RESPONSES = ";".join(
+    [
+        "440,60,80,100",
+        "200,150,120,90",
+        "110,100,90,80",
+        "300,70,60,50",
+        "140,130,120,110",
+        "90,80,70,60",
+        "250,200,60,40",
+        "120,110,100,90",
+    ]
+)
+# The main job's median share of tool output after the prompt: 1 − response_length/sampled_mean
+# over response_length/mean in results/agent_main_job_metrics.jsonl (main_job_reference).
+TOOL_SHARE = 0.68
+TINY = [  # the tiny random model with a LoRA shaped like the shipped adapter's
+    "actor_rollout_ref.model.lora_rank=16",
+    "actor_rollout_ref.model.lora_alpha=32",
+    f"actor_rollout_ref.model.target_modules={LORA_TARGETS}",
+]
 
 
 def gemm_shapes(s: ModelShape, tiny: bool) -> list[tuple[int, int, int]]:
@@ -160,3 +195,79 @@ def measure_generation(cfg: Any, policy: Any, a: argparse.Namespace) -> dict[str
         "decode_tokens": decode_tokens,
         "decode_tok_s": decode_tokens / decode_s,
     }
+
+
+# ---- the config, the machine and the update's inputs ---------------------------------------------
+def load_cfg(a: argparse.Namespace, work: Path) -> tuple[Any, list[str]]:
+    """The config with ``--tiny``'s model and LoRA (before the user's overrides)."""
+    from toolgrpo.config.loader import load_config
+    from toolgrpo.config.schema import TrainConfig
+
+    overrides = list(a.overrides)
+    if a.tiny:
+        from toolgrpo.models.tiny import build_tiny_model_dir
+
+        tiny = build_tiny_model_dir(work / "tiny", hidden_size=a.tiny_hidden)
+        overrides = [f"actor_rollout_ref.model.path={tiny}", *TINY, *overrides]
+    return load_config(TrainConfig, a.config, overrides), overrides
+
+
+def machine(threads: int) -> dict[str, Any]:
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        info = ""
+    name = next((ln.split(":", 1)[1].strip() for ln in info.splitlines() if "model name" in ln), "")
+    return {
+        "cpu": name or platform.processor() or platform.machine(),
+        "cpus": os.cpu_count(),
+        "cpu_flags": cpu_flags(info),
+        "torch": torch.__version__,
+        "threads": threads,
+        "load_avg_start": list(os.getloadavg()),
+    }
+
+
+def synthetic_batch(
+    vocab: int, prompt: int, groups: list[list[int]], pad_id: int, tool_share: float = 0.0
+) -> Any:
+    """GRPO groups of random tokens: one prompt per group, responses of the given lengths with
+    ``tool_share`` of each row tool output (mask 0) between the model's call and its answer,
+    non-zero advantages so every row has a gradient."""
+    from toolgrpo.trainer.batch import collate_rows
+
+    g = torch.Generator().manual_seed(0)
+    rows, uids = [], []
+    for gi, lengths in enumerate(groups):
+        p = torch.randint(10, vocab, (prompt,), generator=g).tolist()
+        for r in lengths:
+            ids = torch.randint(10, vocab, (r,), generator=g).tolist()
+            lps = (-0.5 - torch.rand(r, generator=g)).tolist()
+            rows.append((p, ids, response_mask(r, tool_share), lps))
+            uids.append(f"g{gi}")
+    b = collate_rows(rows, uids, pad_id)
+    b.old_logprobs_BR = b.rollout_logprobs_BR.clone()
+    b.advantages_BR = torch.randn(b.size, 1, generator=g) * b.response_mask_BR
+    return b
+
+
+def update_groups(cfg: Any, responses: str, tiny: bool) -> list[list[int]]:
+    """``train_batch_size`` groups of ``rollout.n`` response lengths cycling through
+    ``responses`` (scaled to a tenth for the tiny model)."""
+    n = cfg.actor_rollout_ref.rollout.n
+    return group_lengths(
+        parse_groups(responses), cfg.data.train_batch_size, n, 0.1 if tiny else 1.0
+    )
+
+
+def update_inputs(
+    cfg: Any, policy: Any, prompt: int, groups: list[list[int]], tool_share: float, steps: int
+) -> tuple[Any, Any]:
+    """The trainer's ``Actor`` (scheduled for ``steps`` updates) and a synthetic batch of
+    ``groups`` over a ``prompt``-token prompt, token ids below 10,000."""
+    from toolgrpo.trainer.actor import Actor
+
+    actor = Actor(policy, cfg, total_steps=steps)
+    vocab = min(policy.base.config.vocab_size, 10_000)
+    pad = policy.tokenizer.pad_token_id
+    return actor, synthetic_batch(vocab, prompt, groups, pad, tool_share)
