@@ -50,6 +50,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "configs" / "agent_smollm2_grpo.yaml"
 CLI = [sys.executable, "-m", "toolgrpo.cli"]
 TASK_TYPES = ("calculator", "search", "direct")
+WARM_START = "warm_start"  # the config's model, step 0 of every run
 MIX = [
     "rollout_allocation_schedule.type=constant",
     "rollout_allocation_schedule.alpha=0.5",
@@ -127,12 +128,14 @@ def train(name: str, overrides: list[str], work: Path, steps: int, rerun: bool) 
 
 
 def evaluate(name: str, work: Path, steps: int, extra: list[str], rerun: bool) -> Path:
-    """``toolgrpo eval`` of the run's final checkpoint on every test task, every episode kept."""
+    """``toolgrpo eval`` on every test task, every episode kept: the run's final checkpoint, or
+    the config's own model (the warm start) for ``WARM_START``."""
     out = work / f"eval_{name}.json"
     if out.exists() and not rerun:
         return out
     ckpt = work / name / "checkpoints" / f"global_step_{steps}"
-    cmd = [*CLI, "eval", "--checkpoint", str(ckpt), "--samples", "1000", "--output", str(out)]
+    cmd = [*CLI, "eval", *(["--checkpoint", str(ckpt)] if name != WARM_START else [])]
+    cmd += ["--samples", "1000", "--output", str(out)]
     _run([*cmd, str(CONFIG), "data.val_max_samples=-1", *extra], work / f"eval_{name}.log")
     return out
 
@@ -235,19 +238,18 @@ def print_tables(record: dict[str, Any]) -> None:
     for name, s in record["summary"].items():
         h = s.get("held_out", {}).get("all")
         acc = f"{h['accuracy']:.3f} ± {h['accuracy_se']:.3f}" if h else "-"
-        n_steps = sum(1 for r in record["steps_by_run"][name] if r["step"] > 0 and "reward" in r)
         t.add_row(
             name,
             acc,
-            _f(s["reward_actor"] if s["reward_actor"] is not None else s["reward"]),
-            _f(s["reward_fixed"]),
-            _f(s["fixed_groups_with_signal"]),
-            _f(s["fixed_seq_ess"]),
-            _f(s["is_weight_mean"], ".3g"),
-            _f(s["truncated_frac"]),
-            _f(s["clipfrac"], ".3f"),
-            _f(s["support_gap"], ".3f"),
-            _f(s["wall_s"] / n_steps if s["wall_s"] and n_steps else None, ".0f"),
+            _f(next((s[k] for k in ("reward_actor", "reward") if s.get(k) is not None), None)),
+            _f(s.get("reward_fixed")),
+            _f(s.get("fixed_groups_with_signal")),
+            _f(s.get("fixed_seq_ess")),
+            _f(s.get("is_weight_mean"), ".3g"),
+            _f(s.get("truncated_frac")),
+            _f(s.get("clipfrac"), ".3f"),
+            _f(s.get("support_gap"), ".3f"),
+            _f(s.get("step_s"), ".0f"),
         )
     Console(width=180).print(t)
     for pair, result in record["paired"].items():
@@ -284,21 +286,19 @@ def main(argv: list[str]) -> None:
             over += [f"rollout_only.model_path={fixed}", "trainer.val_before_train=false"]
             over += ["trainer.save_hf_model=false", *RUNS[name]]
         walls[name] = train(name, over, work, args.steps, args.rerun)
-    evals = {n: evaluate(n, work, args.steps, extra, args.rerun) for n in names}
+    evals = {n: evaluate(n, work, args.steps, extra, args.rerun) for n in [WARM_START, *names]}
     outcomes = {n: load_outcomes(p) for n, p in evals.items()}
-    pairs = [(a, b) for a, b in [("actor_only", n) for n in names] if a != b and a in outcomes]
-    if {"mixture_default", "mixture_literal"} <= set(outcomes):
+    # Every run against the warm start (actor_only's: how much better the fixed policy is),
+    # then each mixture against actor_only and the two estimators against each other.
+    pairs = [(WARM_START, n) for n in names]
+    pairs += [("actor_only", n) for n in names if n != "actor_only" and "actor_only" in names]
+    if {"mixture_default", "mixture_literal"} <= set(names):
         pairs.append(("mixture_default", "mixture_literal"))
     steps = {n: read_steps(work / n) for n in names}
     summary = {
         n: {**run_summary(steps[n], walls[n]), "held_out": held_out(evals[n])} for n in names
     }
-    previous = args.results / "mixture.json"
-    if previous.exists():  # a reused run keeps the wall time it was measured with
-        old = json.loads(previous.read_text()).get("summary", {})
-        for n in names:
-            if summary[n]["wall_s"] is None and n in old:
-                summary[n]["wall_s"] = old[n].get("wall_s")
+    summary[WARM_START] = {"held_out": held_out(evals[WARM_START])}
     record = {
         "config": str(CONFIG.relative_to(ROOT)),
         "overrides": common,
@@ -314,8 +314,8 @@ def main(argv: list[str]) -> None:
     (args.results / "mixture.json").write_text(json.dumps(record, indent=1))
     kept = args.results / "mixture_evals"  # every episode of each eval, beside the JSON
     kept.mkdir(exist_ok=True)
-    for n in names:
-        shutil.copy(evals[n], kept / f"{n}.json")
+    for n, path in evals.items():
+        shutil.copy(path, kept / f"{n}.json")
     plot(steps, args.results / "mixture.png")
     print_tables(record)
     print(f"wrote {args.results / 'mixture.json'} and {args.results / 'mixture.png'}")
