@@ -6,11 +6,13 @@ and for 2 ranks the gather into rank 0's rollout copy (the source of the weight 
 mode: the median seconds of each phase over ``--steps`` unprofiled repeats after one warm-up,
 and each rank's peak RSS. For 2 ranks one extra repeat runs under the torch CPU profiler: its
 time inside collectives (all-gather, reduce-scatter, all-reduce, broadcast) on rank 0 over that
-repeat's wall time is the communication share, and the profiler is dropped right after (one per
-repeat, each rank parsing its events, kept up to 2.4 GiB per profiler and rank alive until a
-garbage collection). On a 2-core machine two ranks share the cores one process had, so expect
-no speed-up: the point is the overhead. Peak RSS is what the OS saw: under FSDP2 glibc's heap
-keeps the freed all-gather buffers, so a rank's peak is well above its live tensors.
+repeat's wall time is the communication share. Only rank 0 parses the profiler's events, which
+are dropped right after, and glibc is told beforehand to mmap big blocks (``bound_heap``): a
+profiler per repeat, parsed on every rank, is the likeliest reason two SmolLM2 ranks went past
+24 GiB (extrapolated from narrow random models). On a 2-core machine two ranks share the cores
+one process had, so expect no speed-up: the point is the overhead. Peak RSS is what the OS saw:
+under FSDP2 glibc's heap keeps the freed all-gather buffers, so a rank's peak is well above its
+live tensors.
 
 The model is SmolLM2-135M's base (``smollm2-135m``) with a fresh LoRA of rank ``--lora``
 (default 16, the rank and target modules of the shipped agent adapter the main job trains), so
