@@ -10,6 +10,7 @@ from transformers import AutoModelForCausalLM
 
 from toolgrpo.config.schema import ModelConfig
 from toolgrpo.models.loading import (
+    ModelLoadError,
     Policy,
     compute_dtype,
     load_policy,
@@ -169,6 +170,18 @@ def test_lora_save_load_round_trip(tiny_model_dir, tmp_path):
     resolved = resolve_model(str(adapter))
     assert resolved.adapter_dir == adapter
     assert resolved.hf_dir == tiny_model_dir
+
+
+def test_lora_rank_that_contradicts_the_adapter_is_refused(tiny_model_dir, tmp_path):
+    """A shipped or given adapter is what trains; a different lora_rank would be ignored
+    silently, so it is an error (its own rank, or 0, is accepted)."""
+    adapter = tmp_path / "adapter"
+    _lora_policy(tiny_model_dir).model.save_pretrained(adapter)  # rank 4
+    cfg = {"path": str(tiny_model_dir), "dtype": "float32", "adapter_path": str(adapter)}
+    with pytest.raises(ModelLoadError, match="lora_rank=8 .* rank-4 LoRA adapter"):
+        load_policy(ModelConfig(**cfg, lora_rank=8))
+    for rank in (0, 4):
+        assert load_policy(ModelConfig(**cfg, lora_rank=rank)).is_lora
 
 
 def test_missing_adapter_path(tiny_model_dir, tmp_path):

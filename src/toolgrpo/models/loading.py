@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -129,6 +130,13 @@ def _apply_lora(model: Any, cfg: ModelConfig, adapter: Path | None, trainable: b
     if adapter is not None:
         if not (adapter / "adapter_config.json").is_file():
             raise FileNotFoundError(f"LoRA adapter not found: {adapter}")
+        rank = json.loads((adapter / "adapter_config.json").read_text()).get("r")
+        if cfg.lora_rank > 0 and rank is not None and cfg.lora_rank != rank:
+            raise ModelLoadError(
+                f"lora_rank={cfg.lora_rank} asks for a new adapter, but {cfg.path!r} comes with "
+                f"a rank-{rank} LoRA adapter ({adapter}), which is what would train: set "
+                f"lora_rank to {rank} (or 0), or start a fresh adapter from the base model"
+            )
         try:
             model = PeftModel.from_pretrained(model, str(adapter), is_trainable=trainable)
         except _weight_errors() as e:
