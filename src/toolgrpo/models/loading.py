@@ -130,7 +130,10 @@ def _apply_lora(model: Any, cfg: ModelConfig, adapter: Path | None, trainable: b
     if adapter is not None:
         if not (adapter / "adapter_config.json").is_file():
             raise FileNotFoundError(f"LoRA adapter not found: {adapter}")
-        rank = json.loads((adapter / "adapter_config.json").read_text()).get("r")
+        try:
+            rank = json.loads((adapter / "adapter_config.json").read_text()).get("r")
+        except (OSError, ValueError, AttributeError):
+            rank = None  # unreadable: PEFT's load below says why, naming the path
         if cfg.lora_rank > 0 and rank is not None and cfg.lora_rank != rank:
             raise ModelLoadError(
                 f"lora_rank={cfg.lora_rank} asks for a new adapter, but {cfg.path!r} comes with "
