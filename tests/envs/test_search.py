@@ -16,6 +16,7 @@ from toolgrpo.envs.registry import EnvConfigError, EnvRouter
 from toolgrpo.envs.search import (
     SYSTEM_PROMPT,
     Document,
+    SearchIndex,
     f1_score,
     load_index,
     normalize_answer,
@@ -168,3 +169,20 @@ def test_user_corpus_and_top_k_cap(tmp_path):
     assert by_title.text == "doc_id: d3 | Moon 3\nMoon 3 orbits planet Zorb."
     with pytest.raises(EnvConfigError, match="unknown search option"):
         EnvRouter({"search": {"topk": 3}}).make(task)
+
+
+def test_equal_scores_come_back_in_corpus_order_whatever_numpy_sorts_with(monkeypatch):
+    """Ties are common in templated documents; their order was left to numpy's (CPU-dependent)
+    sort, so one query returned other passages on AVX512 machines. Now: corpus order."""
+    import numpy as np
+
+    docs = [Document(f"d{i}", f"Town {i}", "A quiet town on the river Zen.") for i in range(6)]
+    docs.append(Document("other", "Elsewhere", "Nothing about rivers at all here."))
+    index = SearchIndex(docs)
+    hits = [p.doc_id for p, _ in index.search("river Zen", 4)]
+    assert hits == ["d0", "d1", "d2", "d3"]
+    # An adversarial sort that reverses equal keys changes nothing.
+    real = np.argsort
+    monkeypatch.setattr(np, "argsort", lambda a, *x, **kw: real(a, *x, **kw)[::-1].copy())
+    assert [p.doc_id for p, _ in index.search("river Zen", 4)] == hits
+    assert index.search("the of and", 3) == []  # only stopwords: no query terms, no hits

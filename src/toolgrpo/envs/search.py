@@ -18,6 +18,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from toolgrpo.data.loader import embedded_path
 from toolgrpo.data.task import Task
 from toolgrpo.envs.base import EnvReward, Transcript
@@ -111,16 +113,20 @@ class SearchIndex:
         self._bm25.index(tokens, show_progress=False)
 
     def search(self, query: str, k: int) -> list[tuple[Passage, float]]:
-        ids = self._tokenizer.tokenize(
+        """The ``k`` best passages with a positive score; equal scores in corpus order.
+
+        Templated documents tie often (a third of the shipped search episodes meet a tie), and
+        bm25s's top-k leaves ties to numpy's sort, whose order differs between CPUs (AVX512
+        dispatch vs not): the same query returned different passages on different machines."""
+        (ids,) = self._tokenizer.tokenize(
             [query], update_vocab=False, return_as="ids", show_progress=False
         )
+        if not ids:
+            return []
+        scores = self._bm25.get_scores(list(ids))
         k = max(1, min(k, len(self.passages)))
-        found, scores = self._bm25.retrieve(ids, k=k, show_progress=False, n_threads=0)
-        return [
-            (self.passages[int(i)], float(s))
-            for i, s in zip(found[0], scores[0], strict=True)
-            if s > 0
-        ]
+        best = np.lexsort((np.arange(len(scores)), -scores))[:k]
+        return [(self.passages[int(i)], float(scores[i])) for i in best if scores[i] > 0]
 
     def document(self, doc_id: str) -> Document | None:
         key = doc_id.strip()
