@@ -31,9 +31,7 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
-import time
 from pathlib import Path
 from statistics import fmean
 from typing import Any
@@ -45,6 +43,9 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from toolgrpo.eval.paired import format_rows, load_outcomes, paired  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from negatives import _run, cpu_flags  # noqa: E402  (run a logged command; the CPU's flags)
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "configs" / "agent_smollm2_grpo.yaml"
@@ -86,17 +87,6 @@ KEYS: dict[str, str] = {  # name in the JSON -> metric
     "gen_s": "timing/gen_s",
     "train_s": "timing/train_s",
 }
-
-
-def _run(cmd: list[str], log: Path) -> float:
-    """Run one toolgrpo command, its output to ``log``; its wall time. A failure stops here."""
-    t0 = time.time()
-    with log.open("w") as f:
-        proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, check=False)
-    if proc.returncode != 0:
-        tail = "\n".join(log.read_text().splitlines()[-20:])
-        raise SystemExit(f"{' '.join(cmd)} failed (exit {proc.returncode}):\n{tail}")
-    return time.time() - t0
 
 
 def read_steps(run_dir: Path) -> list[dict[str, Any]]:
@@ -210,13 +200,6 @@ def plot(runs: dict[str, list[dict[str, Any]]], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
-
-
-def cpu_flags() -> list[str]:
-    """The CPU features that decide torch's speed here (AVX2 vs AVX512-BF16)."""
-    text = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    flags = next((ln.split(":", 1)[1].split() for ln in text.splitlines() if "flags" in ln), [])
-    return sorted(f for f in flags if f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16"))
 
 
 def _f(v: Any, spec: str = ".2f") -> str:
