@@ -15,7 +15,7 @@ ANSWER, always the task's tool family, best route per task in hindsight. When th
 settle, the table says why (a budget that does not bind, a cost floor, too few steps).
 
 Run by hand (SmolLM2: many hours on a 2-core CPU):
-    python benchmarks/router_budget.py [--steps 40] [--val-per-type 20]
+    python benchmarks/router_budget.py [--steps 30] [--val-per-type 34]
 Each finished run is kept in ``<results>/router_budget_runs/<run>.json`` with the settings it ran
 under; a later invocation with the same settings reuses it instead of training again, so the
 runs can be spread over several sessions (``--budgets 0.3 --modes reward`` runs one of them;
@@ -65,7 +65,8 @@ BASE = [
     "data.max_response_length=768",
     "data.filter_overlong_prompts=true",
     "actor_rollout_ref.rollout.n=4",
-    "actor_rollout_ref.rollout.generation_batch_size=16",
+    "actor_rollout_ref.rollout.generation_batch_size=48",  # a step's 12 × 4 episodes in one call
+    "actor_rollout_ref.rollout.cpu_kvcache_space_gb=2",  # 48 sequences of up to 1.8k tokens fit
     "actor_rollout_ref.actor.ppo_mini_batch_size=12",
     f"{MT}enable=true",
     f"{MT}max_tokens_per_turn=128",
@@ -313,8 +314,8 @@ def main(argv: list[str]) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--budgets", type=float, nargs="+", default=[0.1, 0.3, 0.6])
     ap.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
-    ap.add_argument("--steps", type=int, default=40)
-    ap.add_argument("--val-per-type", type=int, default=20, help="held-out tasks per task type")
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--val-per-type", type=int, default=34, help="held-out tasks per task type")
     ap.add_argument("--freeze-lm", action="store_true", help="router-only runs (LM frozen)")
     ap.add_argument("--no-unconstrained", action="store_true", help="skip the B = 1 run")
     ap.add_argument("--seed", type=int, default=0)

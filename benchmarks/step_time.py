@@ -1,19 +1,35 @@
-"""GRPO step time on SmolLM2-135M: generation / log-prob / update split, tokens/s, peak RSS.
+"""The agent main job's step time on each rollout backend, measured in one invocation (issue #19).
 
-Run by hand (minutes on a 2-core CPU):  python benchmarks/step_time.py [key=value ...]
-Writes benchmarks/results/step_time.json and prints one table.
+Runs ``configs/agent_smollm2_grpo.yaml`` (SmolLM2-135M agent warm start + LoRA, calculator /
+search / direct episodes, 8 tasks × n=4) for a few steps under each backend — ``hf``
+(transformers ``generate``) and the default ``auto`` (vLLM where it is installed) — each in its
+own process, alternating over ``--rounds`` so that a change in the machine's load touches both.
+The first step of every process is left out (allocator warm-up, engine start). Both backends
+draw the same tasks in the same order; the episodes they sample differ, so the table also gives
+the update's time per episode token (everything after the prompt).
+
+Per backend: the median step split (generation with tool calls inside it: they run while other
+episodes generate, so their summed time is given apart; weight push; log-probs; update), sampled
+tokens/s over the generation phase and each process's peak RSS (``wait4``); then the default
+backend's step as a ratio of HF's (the issue's goal: ≤ 0.6×).
+
+Run by hand (about 25 minutes on a 2-core CPU at the defaults; run it alone):
+    python benchmarks/step_time.py [--steps 3] [--rounds 2] [--markdown] [key=value ...]
+Writes benchmarks/results/step_time.{json,png} (or ``--results DIR``).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
-import platform
-import resource
-import statistics
+import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
+from statistics import median
+from typing import Any
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -21,76 +37,185 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from toolgrpo.config.loader import load_config  # noqa: E402
-from toolgrpo.config.schema import TrainConfig  # noqa: E402
-from toolgrpo.trainer.trainer import Trainer  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from negatives import cpu_flags  # noqa: E402
 
-DEFAULTS = [
-    "actor_rollout_ref.model.path=smollm2-135m-toolrl",
-    "data.train_batch_size=4",
-    "actor_rollout_ref.rollout.n=4",
-    "data.max_prompt_length=1024",
-    "data.max_response_length=160",
-    "trainer.total_training_steps=4",
-    "trainer.logger=[jsonl]",
+ROOT = Path(__file__).resolve().parent.parent
+CONFIG = ROOT / "configs" / "agent_smollm2_grpo.yaml"
+CLI = [sys.executable, "-m", "toolgrpo.cli"]
+BACKENDS = {"hf": "hf", "default": "auto"}
+SPLIT = ("gen_s", "tool_s", "weight_sync_s", "logprob_s", "train_s", "step_s")
+QUIET = [
+    "trainer.val_before_train=false",
+    "trainer.test_freq=-1",
     "trainer.save_freq=-1",
+    "trainer.logger=[jsonl]",
+    "trainer.resume=disable",
+    "trainer.overwrite_output_dir=true",
 ]
 
 
-def main(argv: list[str]) -> None:
-    steps_to_skip = 1  # the first step pays one-off costs (allocator warm-up)
-    out_dir = tempfile.mkdtemp(prefix="toolgrpo_bench_")
-    cfg = load_config(TrainConfig, None, [*DEFAULTS, f"trainer.output_dir={out_dir}", *argv])
-    trainer = Trainer(cfg)
-    rows = []
-    for step in range(1, cfg.trainer.total_training_steps + 1):
-        rows.append(trainer.train_step(step))
-    measured = rows[steps_to_skip:] or rows
-    med = {
-        k: statistics.median(r[k] for r in measured)
-        for k in (
-            "timing/gen_s",
-            "timing/logprob_s",
-            "timing/train_s",
-            "timing/step_s",
-            "tokens/generated",
-            "prompt_length/mean",
-            "response_length/mean",
-        )
+def run_backend(name: str, steps: int, overrides: list[str], out: Path) -> dict[str, Any]:
+    """One training process on one backend: its per-step rows, its startup line and peak RSS."""
+    cmd = [
+        *CLI,
+        "train",
+        str(CONFIG),
+        *QUIET,
+        f"actor_rollout_ref.rollout.name={BACKENDS[name]}",
+        f"trainer.total_training_steps={steps}",
+        f"trainer.output_dir={out}",
+        f"trainer.rollout_data_dir={out / 'rollout_data'}",
+        *overrides,
+    ]
+    log = out.parent / f"{out.name}.log"
+    t0 = time.time()
+    with log.open("w") as f:
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT)
+        _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        tail = "\n".join(log.read_text().splitlines()[-20:])
+        raise SystemExit(f"{' '.join(cmd)} failed (exit {proc.returncode}):\n{tail}")
+    rows = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines() if ln]
+    rows = [r for r in rows if r.get("step", 0) > 0]
+    said = [ln for ln in log.read_text().splitlines() if "rollout backend" in ln]
+    return {
+        "rows": rows,
+        "backend_line": said[0].strip() if said else None,
+        "peak_rss_gb": usage.ru_maxrss / 1024**2,  # KiB on Linux
+        "wall_s": time.time() - t0,
     }
-    peak_rss_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2
-    result = {
-        "config": {k.split("=")[0]: k.split("=", 1)[1] for k in [*DEFAULTS, *argv]},
-        "dtype": str(trainer.policy.dtype),
+
+
+def summarize(procs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Medians over every process's steps after its first."""
+    rows = [r for p in procs for r in p["rows"][1:]] or [r for p in procs for r in p["rows"]]
+    med = {k: median(r.get(f"timing/{k}", 0.0) for r in rows) for k in SPLIT}
+    gen_tokens = median(r.get("tokens/generated", 0.0) for r in rows)
+    trained = [
+        r["timing/train_s"] / max(r["response_length/mean"] * r["batch/size"], 1.0) for r in rows
+    ]
+    return {
+        "steps_measured": len(rows),
+        "median_s": med,
+        "step_s_all": [r["timing/step_s"] for r in rows],
+        "sampled_tokens_per_s": gen_tokens / med["gen_s"] if med["gen_s"] else None,
+        "update_ms_per_episode_token": 1e3 * median(trained),
+        "response_length_mean": median(r["response_length/mean"] for r in rows),
+        "reward_mean": median(r["reward/mean"] for r in rows),
+        "peak_rss_gb": max(p["peak_rss_gb"] for p in procs),
+        "backend_line": procs[0]["backend_line"],
+    }
+
+
+def table(result: dict[str, Any], markdown: bool) -> None:
+    cols = [
+        "backend",
+        "step s",
+        "generation s",
+        "tool calls s (Σ over episodes)",
+        "weight push s",
+        "update s",
+        "update ms / token",
+        "sampled tok/s",
+        "peak RSS GB",
+        "step / HF",
+    ]
+    hf = result["backends"]["hf"]["median_s"]["step_s"]
+    lines = []
+    for name, s in result["backends"].items():
+        m = s["median_s"]
+        lines.append(
+            [
+                name,
+                f"{m['step_s']:.1f}",
+                f"{m['gen_s']:.1f}",
+                f"{m['tool_s']:.1f}",
+                f"{m['weight_sync_s']:.1f}",
+                f"{m['train_s']:.1f}",
+                f"{s['update_ms_per_episode_token']:.1f}",
+                f"{s['sampled_tokens_per_s']:.1f}",
+                f"{s['peak_rss_gb']:.1f}",
+                f"{m['step_s'] / hf:.2f}",
+            ]
+        )
+    if markdown:
+        print("| " + " | ".join(cols) + " |")
+        print("|" + "---|" * len(cols))
+        for ln in lines:
+            print("| " + " | ".join(ln) + " |")
+        return
+    t = Table(title=f"agent main job, median step ({result['dtype_note']})")
+    for c in cols:
+        t.add_column(c)
+    for ln in lines:
+        t.add_row(*ln)
+    Console().print(t)
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(result["backends"])
+    parts = [
+        ("generation (episodes, tools included)", "gen_s"),
+        ("weight push", "weight_sync_s"),
+        ("log-probs", "logprob_s"),
+        ("update", "train_s"),
+    ]
+    fig, ax = plt.subplots(figsize=(6, 3))
+    left = [0.0] * len(names)
+    for label, key in parts:
+        vals = [result["backends"][n]["median_s"][key] for n in names]
+        ax.barh(names, vals, left=left, label=label)
+        left = [a + b for a, b in zip(left, vals, strict=True)]
+    ax.set_xlabel("seconds per step (median)")
+    ax.set_title("agent main job: step split by rollout backend")
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv: list[str]) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--steps", type=int, default=3, help="steps per process (the first is dropped)")
+    ap.add_argument("--rounds", type=int, default=2, help="processes per backend, alternating")
+    ap.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results")
+    ap.add_argument("--markdown", action="store_true")
+    args, overrides = ap.parse_known_args(argv)
+    work = Path(tempfile.mkdtemp(prefix="toolgrpo_step_time_"))
+    load_start = os.getloadavg()
+    procs: dict[str, list[dict[str, Any]]] = {n: [] for n in BACKENDS}
+    for rnd in range(args.rounds):
+        for name in BACKENDS:
+            print(f"round {rnd + 1}/{args.rounds}: {name}", flush=True)
+            procs[name].append(run_backend(name, args.steps, overrides, work / f"{name}_{rnd}"))
+    result: dict[str, Any] = {
+        "config": str(CONFIG.relative_to(ROOT)),
+        "overrides": overrides,
+        "steps_per_process": args.steps,
+        "rounds": args.rounds,
         "machine": {
             "cpus": os.cpu_count(),
-            "processor": platform.processor() or platform.machine(),
+            "cpu_flags": cpu_flags(),
+            "load_avg_start": load_start,
+            "load_avg_end": os.getloadavg(),
         },
-        "steps_measured": len(measured),
-        "median": med,
-        "gen_tokens_per_s": med["tokens/generated"] / med["timing/gen_s"],
-        "peak_rss_gb": peak_rss_gb,
+        "dtype_note": "dtype: auto (bf16 where the CPU has AVX512-BF16/AMX, else fp32)",
+        "backends": {n: summarize(p) for n, p in procs.items()},
     }
-    path = Path(__file__).parent / "results" / "step_time.json"
+    b = result["backends"]
+    result["default_over_hf"] = b["default"]["median_s"]["step_s"] / b["hf"]["median_s"]["step_s"]
+    args.results.mkdir(parents=True, exist_ok=True)
+    path = args.results / "step_time.json"
     path.write_text(json.dumps(result, indent=1))
-    t = Table(title="toolgrpo GRPO step time (median)")
-    for c in ("gen s", "logprob s", "update s", "step s", "gen tok/s", "peak RSS GB"):
-        t.add_column(c)
-    t.add_row(
-        *(
-            f"{v:.1f}"
-            for v in (
-                med["timing/gen_s"],
-                med["timing/logprob_s"],
-                med["timing/train_s"],
-                med["timing/step_s"],
-                result["gen_tokens_per_s"],
-                peak_rss_gb,
-            )
-        )
-    )
-    Console().print(t)
-    print(f"wrote {path}")
+    plot(result, args.results / "step_time.png")
+    table(result, args.markdown)
+    print(f"default / HF step: {result['default_over_hf']:.2f} (goal ≤ 0.6); wrote {path}")
 
 
 if __name__ == "__main__":
