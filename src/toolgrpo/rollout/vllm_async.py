@@ -40,6 +40,7 @@ from toolgrpo.rollout.vllm_backend import (
     sampling_request,
     set_engine_env,
 )
+from toolgrpo.rollout.vllm_compat import kernel_scan_safe
 from toolgrpo.rollout.vllm_weights import actor_weights, save_weights
 from toolgrpo.rollout.vllm_worker_ext import EXTENSION
 
@@ -92,7 +93,7 @@ def _engine_for(args: dict[str, Any], key: tuple) -> _AsyncEngine:
             from vllm.engine.arg_utils import AsyncEngineArgs
             from vllm.v1.engine.async_llm import AsyncLLM
 
-            with process_state_kept():
+            with process_state_kept(), kernel_scan_safe():
                 return AsyncLLM.from_engine_args(
                     AsyncEngineArgs(**args, worker_extension_cls=EXTENSION)
                 )

@@ -37,6 +37,7 @@ from toolgrpo.config.loader import ConfigError
 from toolgrpo.config.schema import TrainConfig
 from toolgrpo.rollout.generator import Completion, SamplingParams
 from toolgrpo.rollout.hf import stop_token_ids
+from toolgrpo.rollout.vllm_compat import kernel_scan_safe
 from toolgrpo.rollout.vllm_weights import actor_weights, push_weights
 
 log = logging.getLogger(__name__)
@@ -161,8 +162,9 @@ def _engine_for(args: dict[str, Any], key: tuple) -> _Engine:
             live = next(iter(_ENGINES))
             what = "model shape" if live[0] != key[0] else "engine settings"
             raise ConfigError(
-                f"a second in-process vLLM engine cannot start on CPU (vLLM-CPU fails while it "
-                f"re-registers its kernels), and {args['model']} differs from the live engine "
+                f"a second in-process vLLM engine cannot run beside a live one on CPU (vLLM "
+                f"keeps one process-wide parallel state: closing either breaks the other), and "
+                f"{args['model']} differs from the live engine "
                 f"in its {what}: give every policy the actor's architecture, tokenizer and "
                 "rollout settings, or use actor_rollout_ref.rollout.name=hf"
             )
@@ -176,7 +178,7 @@ def _engine_for(args: dict[str, Any], key: tuple) -> _Engine:
 
         def start() -> Any:
             torch.set_num_threads(threads)  # before vLLM's worker pins the count
-            with process_state_kept():
+            with process_state_kept(), kernel_scan_safe():
                 return LLM(**args)
 
         try:

