@@ -31,6 +31,7 @@ import argparse
 import gc
 import hashlib
 import json
+import math
 import os
 import sys
 import tempfile
@@ -274,9 +275,15 @@ def _fmt(x: float | None, spec: str = ".3f") -> str:
     return "-" if x is None else format(x, spec)
 
 
-def table(runs: dict[str, dict[str, Any]], markdown: bool) -> None:
+def _acc(d: dict[str, Any] | None, n: int) -> str:
+    """Held-out accuracy ± its binomial standard error over ``n`` tasks (unpaired)."""
+    p = (d or {}).get("accuracy")
+    return "-" if p is None else f"{p:.3f} ± {math.sqrt(p * (1 - p) / max(n, 1)):.3f}"
+
+
+def table(runs: dict[str, dict[str, Any]], markdown: bool, n_val: int) -> None:
     head = ["run", "cost (last ¼)", "settled", "λ", "task reward", *ROUTES]
-    head += [f"held-out {s}" for s in SELECTIONS]
+    head += [f"held-out acc. {s}" for s in SELECTIONS]
     lines = []
     for name, run in runs.items():
         s = run["summary"]
@@ -290,7 +297,7 @@ def table(runs: dict[str, dict[str, Any]], markdown: bool) -> None:
                 _fmt(s["lambda_last_quarter"]),
                 _fmt(s["task_reward"]),
                 *(_fmt(f[r], ".2f") for r in ROUTES),
-                *(_fmt((ho.get(sel) or {}).get("reward_mean")) for sel in SELECTIONS),
+                *(_acc(ho.get(sel), n_val) for sel in SELECTIONS),
             ]
         )
     if markdown:
@@ -373,7 +380,7 @@ def main(argv: list[str]) -> None:
     }
     (args.results / "router_budget.json").write_text(json.dumps(result, indent=1))
     plot(runs, args.results / "router_budget.png")
-    table(runs, args.markdown)
+    table(runs, args.markdown, args.val_per_type * len(TASK_TYPES))
     print(f"wrote {args.results / 'router_budget.json'} and router_budget.png; runs in {work}")
 
 
