@@ -205,6 +205,16 @@ def diagnose(s: dict[str, Any], rows: list[dict], free_rate: float | None) -> st
             f"cost floor: even the ANSWER route costs {floor:.2f} per example (the LM still writes "
             f"tool calls there), so no routing reaches B={b}"
         )
+    peak = max((r.get("router/lambda", 0.0) for r in rows), default=0.0)
+    if cost < b and lam <= 1e-6 and peak > 1e-6:
+        answer = s["route_frac"].get("ANSWER") or 0.0
+        return (
+            f"overshoot: λ rose to {peak:.2f} while the cost was above B, the router moved to "
+            f"ANSWER ({answer:.0%} of routes in the last quarter) and stayed there after λ fell "
+            "back to 0: its route distribution saturated, and a group whose sampled routes are "
+            "all the same carries no signal; a smaller router.lr or router.dual_lr, or a larger "
+            "router.entropy_coeff"
+        )
     if cost < b and lam <= 1e-6:
         return "the budget does not bind: with λ = 0 the router spends less than B"
     trend = [r["router/lambda"] for r in rows[-3:] if "router/lambda" in r]
