@@ -38,6 +38,7 @@ def test_defaults_are_valid_and_off():
         (["router.cost.mode=family", "router.budget=3.5"], r"\[0, 3\]"),
         (["router.cost.mode=calls", "router.cost.max_calls=2", "router.budget=2.5"], r"\[0, 2\]"),
         (["router.dual_lr=-1"], "router.dual_lr must be"),
+        (["router.dual_kp=-1"], "router.dual_kp must be"),
         (["router.lambda_init=-0.5"], "router.lambda_init must be"),
         (["router.update_every=0"], "router.update_every must be > 0"),
         (["router.lr=0"], "router.lr must be > 0"),

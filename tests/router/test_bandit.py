@@ -148,3 +148,56 @@ def test_main_semantics_let_the_lm_defeat_the_budget():
     res = run_bandit_with_lm(0.3, "reward", "task", gate=False, steps=600)
     assert res["last_cost"] > 0.3 + 0.2, res
     assert min(res["p_call_answer"]) > 0.8, res
+
+
+# ---- a short, noisy horizon like the SmolLM2 benchmark's (issue 18) -----------------------------
+# Tool tasks (2 of 3 types) succeed 45 % of the time under a tool route and never under ANSWER,
+# and call a tool 95 % of the time there; direct tasks score 41 % under any route and never call.
+# 12 tasks × 4 routes a step: the benchmark's batch. Unconstrained, the tool rate is ≈ 0.63.
+SHORT = {
+    "tool_a": ((0.0, 0.45, 0.45), (0.0, 0.95, 0.95)),
+    "tool_b": ((0.0, 0.45, 0.45), (0.0, 0.95, 0.95)),
+    "direct": ((0.41, 0.41, 0.41), (0.0, 0.0, 0.0)),
+}
+
+
+def run_short(dual_lr: float, dual_kp: float, seed: int, steps: int = 60, budget: float = 0.3):
+    torch.manual_seed(seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    centers = torch.randn(len(SHORT), 64, generator=g)
+    success = torch.tensor([s for s, _ in SHORT.values()])
+    calls = torch.tensor([c for _, c in SHORT.values()])
+    lm = SimpleNamespace(base=SimpleNamespace(config=SimpleNamespace(hidden_size=64)))
+    router = RouterPolicy(lm, ROUTES, lr=1.0)
+    dual = Budget(budget, lam=0.0, dual_lr=dual_lr, update_every=1, dual_kp=dual_kp)
+    costs = []
+    for _ in range(steps):
+        kind = torch.randint(0, len(SHORT), (12,), generator=g).repeat_interleave(N)
+        feats = centers[kind] + 0.5 * torch.randn(len(kind), 64, generator=g)
+        action = router.act(feats).router_action
+        task = torch.bernoulli(success[kind, action], generator=g)
+        cost = torch.bernoulli(calls[kind, action], generator=g)
+        uids = [str(i // N) for i in range(len(kind))]
+        router.update(
+            feats,
+            action,
+            router_advantages(router_rewards(task, cost, dual.lam), uids),
+            entropy_coeff=0.1,
+        )
+        dual.observe(cost.tolist())
+        dual.step()
+        costs.append(float(cost.mean()))
+    return fmean(costs[-steps // 4 :])
+
+
+def test_a_proportional_term_lands_a_short_noisy_run_at_the_budget():
+    """In 60 steps, plain dual ascent misses B in the last quarter whether its η is the
+    benchmark's 0.5 (still swinging: 0.31-0.47) or 0.2 (overshot to ANSWER: 0.14-0.23); the PI
+    update (η = 0.2, k_p = 2) lands within ±0.05 (0.29-0.32 with these seeds)."""
+    seeds = range(6)
+    pi = [run_short(0.2, 2.0, s) for s in seeds]
+    miss_pi = fmean(abs(c - 0.3) for c in pi)
+    for dual_lr in (0.5, 0.2):
+        plain = [run_short(dual_lr, 0.0, s) for s in seeds]
+        assert miss_pi < fmean(abs(c - 0.3) for c in plain) - 0.03, (dual_lr, plain, pi)
+    assert sum(abs(c - 0.3) <= 0.05 for c in pi) >= 5, pi

@@ -112,6 +112,26 @@ def test_resume_restores_lambda_and_head(make_train_config, tmp_path, monkeypatc
     assert [r["step"] for r in read_metrics(out)] == [1, 2, 3]
 
 
+def test_the_pi_dual_step_is_wired_and_its_integral_resumes(
+    make_train_config, tmp_path, monkeypatch
+):
+    """router.dual_kp reaches the budget; λ = max(0, I + k_p·e) each step, and a resume restores
+    the integral I as well as λ."""
+    monkeypatch.setattr(trainer_mod, "score", _varied_score)
+    out = tmp_path / "run"
+    extra = {**ROUTER, "router.freeze_lm": "true", "trainer.save_freq": "1", "router.dual_kp": "3"}
+    first = Trainer(make_train_config(steps=2, out=out, **extra))
+    first.fit()
+    b = first.router.budget
+    assert b.dual_kp == 3.0 and b.integral is not None
+    last = read_metrics(out)[-1]
+    e = last["router/cost/mean"] - 0.5
+    assert b.lam == pytest.approx(max(0.0, b.integral + 3.0 * e))
+    again = Trainer(make_train_config(steps=3, out=out, **extra))
+    assert again.router.budget.integral == pytest.approx(b.integral)
+    assert again.router.budget.lam == pytest.approx(b.lam)
+
+
 def test_router_on_the_actor_optimizer_with_lm_training(make_train_config, tmp_path, monkeypatch):
     monkeypatch.setattr(trainer_mod, "score", _varied_score)
     out = tmp_path / "run"

@@ -112,3 +112,16 @@ def dual_update(lam: float, mean_cost: float, budget: float, lr: float) -> float
     """Projected dual ascent: λ ← max(0, λ + η·(mean_cost − B)). Overspending raises the price
     of a tool call; underspending lowers it, never below zero."""
     return max(0.0, float(lam) + float(lr) * (float(mean_cost) - float(budget)))
+
+
+def pi_dual_update(
+    integral: float, mean_cost: float, budget: float, lr: float, kp: float
+) -> tuple[float, float]:
+    """Dual ascent with a proportional term (a PI controller on the cost error e = cost − B):
+    I ← max(0, I + η·e), λ = max(0, I + k_p·e); returns (I, λ). The integral alone is
+    ``dual_update``; k_p prices the current overspend at once, so λ need not integrate far past
+    the equilibrium price before the policy reacts, and the overshoot that follows shrinks
+    (Stooke et al., 2020, "Responsive Safety in RL by PID Lagrangian Methods")."""
+    e = float(mean_cost) - float(budget)
+    integral = max(0.0, float(integral) + float(lr) * e)
+    return integral, max(0.0, integral + float(kp) * e)

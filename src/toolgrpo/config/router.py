@@ -11,6 +11,7 @@ An example (defaults are in ``RouterConfig``)::
       budget: 0.3            # B: average tool cost per example
       lambda_init: 0.0       # λ at step 0 (a resumed run restores its own)
       dual_lr: 0.1           # η in λ ← max(0, λ + η·(mean_cost − B))
+      dual_kp: 0.0           # k_p: λ = I + k_p·(mean_cost − B), I the ascent above (0 = plain)
       update_every: 1        # K: steps per dual step
       cost: {mode: any, c_search: 1.0, c_calc: 1.0, c_other: 1.0, max_calls: 4}
       lm_reward: lagrangian  # the LM trains on r_task − λ·cost too (task: on r_task alone)
@@ -73,6 +74,9 @@ class RouterConfig:
     budget: float = 0.3
     lambda_init: float = 0.0
     dual_lr: float = 0.1
+    # Proportional gain on the cost error: λ = max(0, I + k_p·(cost − B)), I the dual-ascent
+    # integral. 0 (the design's rule) is plain dual ascent; > 0 damps its overshoot.
+    dual_kp: float = 0.0
     update_every: int = 1
     cost: RouterCostConfig = field(default_factory=RouterCostConfig)
     family_tools_only: bool = False  # SEARCH/CALCULATE routes drop the other family's tools
@@ -136,6 +140,7 @@ def check_router_config(cfg: Any) -> None:
         "router.entropy_coeff": rc.entropy_coeff,
         "router.lambda_init": rc.lambda_init,
         "router.dual_lr": rc.dual_lr,
+        "router.dual_kp": rc.dual_kp,
         "router.label_coeff": rc.label_coeff,
         "router.head_hidden": rc.head_hidden,
     }

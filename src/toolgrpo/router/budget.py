@@ -5,18 +5,22 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from toolgrpo.algos.router import dual_update
+from toolgrpo.algos.router import pi_dual_update
 
 
 @dataclass
 class Budget:
     """λ is updated every ``update_every`` steps from the mean cost per example over those steps
-    (so K > 1 averages out small batches); it is checkpointed, so a resumed run keeps its price."""
+    (so K > 1 averages out small batches); it is checkpointed, so a resumed run keeps its price.
+    With ``dual_kp`` > 0, λ is the integral plus k_p times the last cost error (``integral`` holds
+    the former); with k_p = 0 the two are equal and the step is plain dual ascent."""
 
     budget: float
     lam: float = 0.0
     dual_lr: float = 0.5
     update_every: int = 1
+    dual_kp: float = 0.0
+    integral: float | None = None  # the integral term; None = start from lam
     steps_seen: int = 0  # steps observed since the last dual step
     cost_sum: float = 0.0
     cost_count: int = 0
@@ -33,7 +37,10 @@ class Budget:
         if self.steps_seen < self.update_every or self.cost_count == 0:
             return False
         mean_cost = self.cost_sum / self.cost_count
-        self.lam = dual_update(self.lam, mean_cost, self.budget, self.dual_lr)
+        start = self.lam if self.integral is None else self.integral
+        self.integral, self.lam = pi_dual_update(
+            start, mean_cost, self.budget, self.dual_lr, self.dual_kp
+        )
         self.steps_seen, self.cost_sum, self.cost_count = 0, 0.0, 0
         self.updates += 1
         return True
@@ -46,3 +53,6 @@ class Budget:
         for key in ("lam", "steps_seen", "cost_sum", "cost_count", "updates"):
             if key in state:
                 setattr(self, key, type(getattr(self, key))(state[key]))
+        # A checkpoint from before the PI term has no integral: plain ascent's λ is its integral.
+        integral = state.get("integral")
+        self.integral = float(integral) if integral is not None else self.lam

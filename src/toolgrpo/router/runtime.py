@@ -106,7 +106,9 @@ class RouterRuntime:
         label_tools = self.labels.tools if self.labels else None
         self.families = build_families(tasks, envs, rc.families_file, label_tools)
         self.cost = CostModel.from_config(rc.cost)
-        self.budget = Budget(rc.budget, rc.lambda_init, rc.dual_lr, rc.update_every)
+        self.budget = Budget(
+            rc.budget, rc.lambda_init, rc.dual_lr, rc.update_every, dual_kp=rc.dual_kp
+        )
         self.policy = RouterPolicy(
             lm,
             rc.routes,
