@@ -122,6 +122,5 @@ def pi_dual_update(
     ``dual_update``; k_p prices the current overspend at once, so λ need not integrate far past
     the equilibrium price before the policy reacts, and the overshoot that follows shrinks
     (Stooke et al., 2020, "Responsive Safety in RL by PID Lagrangian Methods")."""
-    e = float(mean_cost) - float(budget)
-    integral = max(0.0, float(integral) + float(lr) * e)
-    return integral, max(0.0, integral + float(kp) * e)
+    integral = dual_update(integral, mean_cost, budget, lr)
+    return integral, max(0.0, integral + float(kp) * (float(mean_cost) - float(budget)))

@@ -26,6 +26,10 @@ class Budget:
     cost_count: int = 0
     updates: int = 0
 
+    def __post_init__(self) -> None:
+        if self.integral is None:  # a fresh budget: the integral starts at λ
+            self.integral = self.lam
+
     def observe(self, costs: list[float]) -> None:
         """One step's per-example costs."""
         self.cost_sum += float(sum(costs))
@@ -37,9 +41,8 @@ class Budget:
         if self.steps_seen < self.update_every or self.cost_count == 0:
             return False
         mean_cost = self.cost_sum / self.cost_count
-        start = self.lam if self.integral is None else self.integral
         self.integral, self.lam = pi_dual_update(
-            start, mean_cost, self.budget, self.dual_lr, self.dual_kp
+            self.integral, mean_cost, self.budget, self.dual_lr, self.dual_kp
         )
         self.steps_seen, self.cost_sum, self.cost_count = 0, 0.0, 0
         self.updates += 1
