@@ -19,7 +19,8 @@ Run by hand (SmolLM2: many hours on a 2-core CPU):
 Each finished run is kept in ``<results>/router_budget_runs/<run>.json`` with the settings it ran
 under; a later invocation with the same settings reuses it instead of training again, so the
 runs can be spread over several sessions (``--budgets 0.3 --modes reward`` runs one of them;
-``--rerun`` trains every run again). The table and plot cover every run of the plan on record.
+``--rerun`` trains every run again; ``--report`` trains nothing and reports every run on record
+under the current settings). The report itself is ``router_budget_report.py``.
 Writes benchmarks/results/router_budget.{json,png} (or ``--results DIR``) and prints one table
 (``--markdown`` for the README). ``key=value`` overrides apply to every run (e.g. a tiny model
 and ``--steps 2`` for a smoke test).
@@ -31,32 +32,35 @@ import argparse
 import gc
 import hashlib
 import json
-import math
 import os
 import sys
 import tempfile
 import time
 from pathlib import Path
-from statistics import fmean
 from typing import Any
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from rich.console import Console  # noqa: E402
-from rich.table import Table  # noqa: E402
 
 from toolgrpo.config.loader import load_config  # noqa: E402
 from toolgrpo.config.schema import TrainConfig  # noqa: E402
-from toolgrpo.router.routes import ROUTES  # noqa: E402
 from toolgrpo.trainer.trainer import Trainer  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from router_budget_report import (  # noqa: E402
+    TASK_TYPES,
+    TOLERANCE,
+    UNCONSTRAINED,
+    diagnose,
+    plot,
+    summarize,
+    table,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "src" / "toolgrpo" / "data" / "envs"
-TASK_TYPES = ("calculator", "search", "direct")
 MODES = ("reward", "advantage")
-SELECTIONS = ("router", "always_answer", "always_family", "best_in_hindsight")
-UNCONSTRAINED = 1.0  # the top of the `any` cost range: the budget never binds, λ stays 0
 MT = "actor_rollout_ref.rollout.multi_turn."
 BASE = [
     "actor_rollout_ref.model.path=smollm2-135m-agent",
@@ -88,7 +92,6 @@ BASE = [
     "trainer.resume=disable",
     "trainer.overwrite_output_dir=true",  # a re-run replaces (moves aside) the last one
 ]
-TOLERANCE = 0.05
 # The dual step of the budgeted runs: a PI update (λ = I + k_p·(cost − B)). Plain ascent
 # (router.dual_lr=0.5 above, k_p = 0) overshot on SmolLM2 (B = 0.3: λ to 0.69, then the router
 # stuck on ANSWER at cost 0.08, kept in router_budget_runs/plain_ascent/); in
@@ -140,137 +143,6 @@ def run_one(budget: float, mode: str, overrides: list[str], out: Path) -> tuple[
     return rows, seconds
 
 
-def held_out(rows: list[dict]) -> dict[str, Any]:
-    """The last validation's routed reward, accuracy and cost per task type, beside the
-    baselines' (``val/<type>/...`` and ``val/baseline/<name>/<type>/...``)."""
-    last = next((r for r in reversed(rows) if any(k.startswith("val/") for k in r)), {})
-    out: dict[str, Any] = {}
-    for t in (*TASK_TYPES, "all"):
-        if f"val/{t}/reward_mean" not in last:
-            continue
-        row = {
-            "router": {
-                "reward_mean": last.get(f"val/{t}/reward_mean"),
-                "accuracy": last.get(f"val/{t}/accuracy"),
-                "cost_mean": last.get(f"val/{t}/cost/mean"),
-                "route_frac": {r: last.get(f"val/{t}/route/{r}", 0.0) for r in ROUTES},
-            }
-        }
-        for name in SELECTIONS[1:]:
-            row[name] = {
-                k: last.get(f"val/baseline/{name}/{t}/{k}")
-                for k in ("reward_mean", "accuracy", "cost_mean")
-            }
-        out[t] = row
-    return out
-
-
-def summarize(rows: list[dict], budget: float, mode: str, seconds: float) -> dict[str, Any]:
-    """Means over the last quarter of the steps (at least one): where the run settled."""
-    tail = rows[-max(1, len(rows) // 4) :]
-
-    def mean(key: str) -> float | None:
-        vals = [r[key] for r in tail if key in r]
-        return fmean(vals) if vals else None
-
-    out: dict[str, Any] = {
-        "budget": budget,
-        "lagrangian": mode,
-        "cost_last_quarter": mean("router/cost/mean"),
-        "lambda_last_quarter": mean("router/lambda"),
-        "task_reward": mean("router/task_reward/mean"),
-        "route_frac": {r: mean(f"router/route_frac/{r}") for r in ROUTES},
-        "cost_by_route": {r: mean(f"router/cost/{r}") for r in ROUTES},
-        "by_task_type": {
-            t: {
-                "cost": mean(f"router/{t}/cost/mean"),
-                "task_reward": mean(f"router/{t}/task_reward/mean"),
-                "route_frac": {r: mean(f"router/{t}/route_frac/{r}") for r in ROUTES},
-            }
-            for t in TASK_TYPES
-            if any(f"router/{t}/cost/mean" in r for r in rows)
-        },
-        "held_out": held_out(rows),
-        "steps": len(rows),
-        "seconds_per_step": seconds / max(len(rows), 1),
-    }
-    cost = out["cost_last_quarter"]
-    out["settled"] = cost is not None and abs(cost - budget) <= TOLERANCE
-    return out
-
-
-def diagnose(s: dict[str, Any], rows: list[dict], free_rate: float | None) -> str | None:
-    """Why the cost did not settle at B (None when it did), from what the run logged."""
-    if s["settled"]:
-        return None
-    b, cost, lam = s["budget"], s["cost_last_quarter"] or 0.0, s["lambda_last_quarter"] or 0.0
-    if free_rate is not None and b >= free_rate - TOLERANCE and cost < b + TOLERANCE:
-        return f"the budget does not bind: unconstrained, the policy's tool rate is {free_rate:.2f}"
-    floor = s["cost_by_route"].get("ANSWER")
-    if cost > b and floor is not None and floor > b:
-        return (
-            f"cost floor: even the ANSWER route costs {floor:.2f} per example (the LM still writes "
-            f"tool calls there), so no routing reaches B={b}"
-        )
-    peak = max((r.get("router/lambda", 0.0) for r in rows), default=0.0)
-    if cost < b and lam <= 1e-6 and peak > 1e-6:
-        answer = s["route_frac"].get("ANSWER") or 0.0
-        return (
-            f"overshoot: λ rose to {peak:.2f} while the cost was above B, the router moved to "
-            f"ANSWER ({answer:.0%} of routes in the last quarter) and stayed there after λ fell "
-            "back to 0: its route distribution saturated, and a group whose sampled routes are "
-            "all the same carries no signal; a smaller router.lr or router.dual_lr, or a larger "
-            "router.entropy_coeff"
-        )
-    if cost < b and lam <= 1e-6:
-        return "the budget does not bind: with λ = 0 the router spends less than B"
-    trend = [r["router/lambda"] for r in rows[-3:] if "router/lambda" in r]
-    moving = len(trend) > 1 and abs(trend[-1] - trend[0]) > 1e-3
-    return (
-        f"not converged in {len(rows)} steps (λ={lam:.2f}"
-        + (", still moving" if moving else "")
-        + "): more steps, a larger router.dual_lr or router.lr"
-    )
-
-
-def plot(runs: dict[str, dict[str, Any]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax_l, ax_c, ax_r) = plt.subplots(1, 3, figsize=(16, 4.2))
-    styles = {"reward": "-", "advantage": "--"}
-    for name, run in runs.items():
-        rows, s = run["rows"], run["summary"]
-        steps = [r["step"] for r in rows]
-        style = styles.get(s["lagrangian"], ":")
-        ax_l.plot(steps, [r.get("router/lambda", 0.0) for r in rows], style, label=name)
-        line = ax_c.plot(steps, [r.get("router/cost/mean", 0.0) for r in rows], style, label=name)
-        if s["budget"] < UNCONSTRAINED:
-            ax_c.axhline(s["budget"], linestyle=":", color=line[0].get_color(), linewidth=1)
-    ax_l.set(xlabel="training step", ylabel="λ (price of a tool call)", title="λ")
-    ax_c.set(xlabel="training step", ylabel="mean tool cost per example", title="cost vs budget")
-    ax_c.set_ylim(bottom=0)
-    # Held-out reward: each run's routed policy beside the fixed routes (from the first run
-    # that has them; baselines depend on the LM, so each run has its own, shown as markers).
-    names = list(runs)
-    for k, sel in enumerate(SELECTIONS):
-        ys = [
-            ((runs[n]["summary"]["held_out"].get("all") or {}).get(sel) or {}).get("reward_mean")
-            for n in names
-        ]
-        xs = [i for i, y in enumerate(ys) if y is not None]
-        ax_r.plot(xs, [ys[i] for i in xs], "o" if sel == "router" else "x", label=sel, ms=6 - k)
-    ax_r.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=7)
-    ax_r.set(ylabel="held-out task reward (all types)", title="routed vs fixed routes")
-    for ax in (ax_l, ax_c, ax_r):
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
 def settings_key(overrides: list[str], budget: float, mode: str) -> str:
     """What a run's result depends on: the shared overrides, its budget and mode, and the
     dtype ``auto`` resolves to on this CPU (bf16 where native, else fp32)."""
@@ -289,50 +161,18 @@ def recorded_run(path: Path, key: str) -> dict[str, Any] | None:
     return record if record.get("settings_key") == key else None
 
 
-def _fmt(x: float | None, spec: str = ".3f") -> str:
-    return "-" if x is None else format(x, spec)
-
-
-def _acc(d: dict[str, Any] | None, n: int) -> str:
-    """Held-out accuracy ± its binomial standard error over ``n`` tasks (unpaired)."""
-    p = (d or {}).get("accuracy")
-    return "-" if p is None else f"{p:.3f} ± {math.sqrt(p * (1 - p) / max(n, 1)):.3f}"
-
-
-def table(runs: dict[str, dict[str, Any]], markdown: bool, n_val: int) -> None:
-    head = ["run", "cost (last ¼)", "settled", "λ", "task reward", *ROUTES]
-    head += [f"held-out acc. {s}" for s in SELECTIONS]
-    lines = []
-    for name, run in runs.items():
-        s = run["summary"]
-        f = s["route_frac"]
-        ho = s["held_out"].get("all", {})
-        lines.append(
-            [
-                name,
-                _fmt(s["cost_last_quarter"]),
-                "-" if s["budget"] >= UNCONSTRAINED else ("yes" if s["settled"] else "no"),
-                _fmt(s["lambda_last_quarter"]),
-                _fmt(s["task_reward"]),
-                *(_fmt(f[r], ".2f") for r in ROUTES),
-                *(_acc(ho.get(sel), n_val) for sel in SELECTIONS),
-            ]
-        )
-    if markdown:
-        print("| " + " | ".join(head) + " |")
-        print("|" + "---|" * len(head))
-        for row in lines:
-            print("| " + " | ".join(row) + " |")
-    else:
-        t = Table(title="Budgeted router: tool cost vs budget, and held-out reward vs fixed routes")
-        for h in head:
-            t.add_column(h, justify="right")
-        for row in lines:
-            t.add_row(*row)
-        Console(width=200).print(t)
-    for name, run in runs.items():
-        if run["summary"].get("why_not"):
-            print(f"{name}: {run['summary']['why_not']}")
+def on_record(kept: Path, no_unconstrained: bool) -> list[tuple[str, float, str]]:
+    """The plan of every run kept in ``kept`` (``unconstrained.json``, ``B=<b>_<mode>.json``),
+    the unconstrained run first, then by budget and mode."""
+    plan = []
+    for path in sorted(kept.glob("B=*_*.json")):
+        budget, mode = path.stem.removeprefix("B=").split("_", 1)
+        if mode in MODES:
+            plan.append((f"B={float(budget)} {mode}", float(budget), mode))
+    plan.sort(key=lambda p: (p[1], MODES.index(p[2])))
+    if not no_unconstrained and (kept / "unconstrained.json").is_file():
+        plan.insert(0, ("unconstrained", UNCONSTRAINED, "reward"))
+    return plan
 
 
 def main(argv: list[str]) -> None:
@@ -348,6 +188,11 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--work", type=Path, default=None, help="run directories (default: a tmp dir)")
     ap.add_argument("--markdown", action="store_true", help="print the table as markdown")
     ap.add_argument("--rerun", action="store_true", help="train runs already on record again")
+    ap.add_argument(
+        "--report",
+        action="store_true",
+        help="train nothing: the table and plot of every run on record under these settings",
+    )
     args, extra = ap.parse_known_args(argv)
     work = args.work or Path(tempfile.mkdtemp(prefix="toolgrpo_router_budget_"))
     val = write_val(work / "val.jsonl", args.val_per_type)
@@ -362,15 +207,20 @@ def main(argv: list[str]) -> None:
     ]
     plan = [] if args.no_unconstrained else [("unconstrained", UNCONSTRAINED, "reward")]
     plan += [(f"B={b} {m}", b, m) for b in args.budgets for m in args.modes]
+    kept = args.results / "router_budget_runs"
+    if args.report:
+        plan = on_record(kept, args.no_unconstrained)
     # The held-out file's path differs per invocation; its content is fixed by --val-per-type.
     shared = [o for o in overrides if not o.startswith("data.val_files=")]
     shared.append(f"val_per_type={args.val_per_type}")
-    kept = args.results / "router_budget_runs"
     kept.mkdir(parents=True, exist_ok=True)
     runs: dict[str, dict[str, Any]] = {}
     for name, b, mode in plan:
         path, key = kept / f"{name.replace(' ', '_')}.json", settings_key(shared, b, mode)
         record = None if args.rerun else recorded_run(path, key)
+        if record is None and args.report:
+            print(f"{name}: {path} ran under other settings; left out")
+            continue
         if record is None:
             rows, seconds = run_one(b, mode, overrides, work / name.replace(" ", "_"))
             record = {"settings_key": key, "rows": rows}

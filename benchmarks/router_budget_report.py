@@ -1,0 +1,198 @@
+"""The budgeted-router benchmark's report (``benchmarks/router_budget.py``): where a run's cost
+settled against its budget, why it did not when it did not, the held-out routed policy against the
+fixed-route baselines, and the table and plot of every run. Pure functions of the per-step rows
+a run logged (``router/...`` and ``val/...`` metrics), so they are tested without a model."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from statistics import fmean
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from toolgrpo.router.routes import ROUTES
+
+TASK_TYPES = ("calculator", "search", "direct")
+SELECTIONS = ("router", "always_answer", "always_family", "best_in_hindsight")
+UNCONSTRAINED = 1.0  # the top of the `any` cost range: the budget never binds, λ stays 0
+TOLERANCE = 0.05
+
+
+def held_out(rows: list[dict]) -> dict[str, Any]:
+    """The last validation's routed reward, accuracy and cost per task type, beside the
+    baselines' (``val/<type>/...`` and ``val/baseline/<name>/<type>/...``)."""
+    last = next((r for r in reversed(rows) if any(k.startswith("val/") for k in r)), {})
+    out: dict[str, Any] = {}
+    for t in (*TASK_TYPES, "all"):
+        if f"val/{t}/reward_mean" not in last:
+            continue
+        row = {
+            "router": {
+                "reward_mean": last.get(f"val/{t}/reward_mean"),
+                "accuracy": last.get(f"val/{t}/accuracy"),
+                "cost_mean": last.get(f"val/{t}/cost/mean"),
+                "route_frac": {r: last.get(f"val/{t}/route/{r}", 0.0) for r in ROUTES},
+            }
+        }
+        for name in SELECTIONS[1:]:
+            row[name] = {
+                k: last.get(f"val/baseline/{name}/{t}/{k}")
+                for k in ("reward_mean", "accuracy", "cost_mean")
+            }
+        out[t] = row
+    return out
+
+
+def summarize(rows: list[dict], budget: float, mode: str, seconds: float) -> dict[str, Any]:
+    """Means over the last quarter of the steps (at least one): where the run settled."""
+    tail = rows[-max(1, len(rows) // 4) :]
+
+    def mean(key: str) -> float | None:
+        vals = [r[key] for r in tail if key in r]
+        return fmean(vals) if vals else None
+
+    out: dict[str, Any] = {
+        "budget": budget,
+        "lagrangian": mode,
+        "cost_last_quarter": mean("router/cost/mean"),
+        "lambda_last_quarter": mean("router/lambda"),
+        "task_reward": mean("router/task_reward/mean"),
+        "route_frac": {r: mean(f"router/route_frac/{r}") for r in ROUTES},
+        "cost_by_route": {r: mean(f"router/cost/{r}") for r in ROUTES},
+        "by_task_type": {
+            t: {
+                "cost": mean(f"router/{t}/cost/mean"),
+                "task_reward": mean(f"router/{t}/task_reward/mean"),
+                "route_frac": {r: mean(f"router/{t}/route_frac/{r}") for r in ROUTES},
+            }
+            for t in TASK_TYPES
+            if any(f"router/{t}/cost/mean" in r for r in rows)
+        },
+        "held_out": held_out(rows),
+        "steps": len(rows),
+        "seconds_per_step": seconds / max(len(rows), 1),
+    }
+    cost = out["cost_last_quarter"]
+    out["settled"] = cost is not None and abs(cost - budget) <= TOLERANCE
+    return out
+
+
+def diagnose(s: dict[str, Any], rows: list[dict], free_rate: float | None) -> str | None:
+    """Why the cost did not settle at B (None when it did), from what the run logged."""
+    if s["settled"]:
+        return None
+    b, cost, lam = s["budget"], s["cost_last_quarter"] or 0.0, s["lambda_last_quarter"] or 0.0
+    if free_rate is not None and b >= free_rate - TOLERANCE and cost < b + TOLERANCE:
+        return f"the budget does not bind: unconstrained, the policy's tool rate is {free_rate:.2f}"
+    floor = s["cost_by_route"].get("ANSWER")
+    if cost > b and floor is not None and floor > b:
+        return (
+            f"cost floor: even the ANSWER route costs {floor:.2f} per example (the LM still writes "
+            f"tool calls there), so no routing reaches B={b}"
+        )
+    peak = max((r.get("router/lambda", 0.0) for r in rows), default=0.0)
+    if cost < b and lam <= 1e-6 and peak > 1e-6:
+        answer = s["route_frac"].get("ANSWER") or 0.0
+        return (
+            f"overshoot: λ rose to {peak:.2f} while the cost was above B, the router moved to "
+            f"ANSWER ({answer:.0%} of routes in the last quarter) and stayed there after λ fell "
+            "back to 0: its route distribution saturated, and a group whose sampled routes are "
+            "all the same carries no signal; a smaller router.lr or router.dual_lr, or a larger "
+            "router.entropy_coeff"
+        )
+    if cost < b and lam <= 1e-6:
+        return "the budget does not bind: with λ = 0 the router spends less than B"
+    trend = [r["router/lambda"] for r in rows[-3:] if "router/lambda" in r]
+    moving = len(trend) > 1 and abs(trend[-1] - trend[0]) > 1e-3
+    return (
+        f"not converged in {len(rows)} steps (λ={lam:.2f}"
+        + (", still moving" if moving else "")
+        + "): more steps, a larger router.dual_lr or router.lr"
+    )
+
+
+def plot(runs: dict[str, dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_l, ax_c, ax_r) = plt.subplots(1, 3, figsize=(16, 4.2))
+    styles = {"reward": "-", "advantage": "--"}
+    for name, run in runs.items():
+        rows, s = run["rows"], run["summary"]
+        steps = [r["step"] for r in rows]
+        style = styles.get(s["lagrangian"], ":")
+        ax_l.plot(steps, [r.get("router/lambda", 0.0) for r in rows], style, label=name)
+        line = ax_c.plot(steps, [r.get("router/cost/mean", 0.0) for r in rows], style, label=name)
+        if s["budget"] < UNCONSTRAINED:
+            ax_c.axhline(s["budget"], linestyle=":", color=line[0].get_color(), linewidth=1)
+    ax_l.set(xlabel="training step", ylabel="λ (price of a tool call)", title="λ")
+    ax_c.set(xlabel="training step", ylabel="mean tool cost per example", title="cost vs budget")
+    ax_c.set_ylim(bottom=0)
+    # Held-out reward: each run's routed policy beside the fixed routes (from the first run
+    # that has them; baselines depend on the LM, so each run has its own, shown as markers).
+    names = list(runs)
+    for k, sel in enumerate(SELECTIONS):
+        ys = [
+            ((runs[n]["summary"]["held_out"].get("all") or {}).get(sel) or {}).get("reward_mean")
+            for n in names
+        ]
+        xs = [i for i, y in enumerate(ys) if y is not None]
+        ax_r.plot(xs, [ys[i] for i in xs], "o" if sel == "router" else "x", label=sel, ms=6 - k)
+    ax_r.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=7)
+    ax_r.set(ylabel="held-out task reward (all types)", title="routed vs fixed routes")
+    for ax in (ax_l, ax_c, ax_r):
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _fmt(x: float | None, spec: str = ".3f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def _acc(d: dict[str, Any] | None, n: int) -> str:
+    """Held-out accuracy ± its binomial standard error over ``n`` tasks (unpaired)."""
+    p = (d or {}).get("accuracy")
+    return "-" if p is None else f"{p:.3f} ± {math.sqrt(p * (1 - p) / max(n, 1)):.3f}"
+
+
+def table(runs: dict[str, dict[str, Any]], markdown: bool, n_val: int) -> None:
+    head = ["run", "cost (last ¼)", "settled", "λ", "task reward", *ROUTES]
+    head += [f"held-out acc. {s}" for s in SELECTIONS]
+    lines = []
+    for name, run in runs.items():
+        s = run["summary"]
+        f = s["route_frac"]
+        ho = s["held_out"].get("all", {})
+        lines.append(
+            [
+                name,
+                _fmt(s["cost_last_quarter"]),
+                "-" if s["budget"] >= UNCONSTRAINED else ("yes" if s["settled"] else "no"),
+                _fmt(s["lambda_last_quarter"]),
+                _fmt(s["task_reward"]),
+                *(_fmt(f[r], ".2f") for r in ROUTES),
+                *(_acc(ho.get(sel), n_val) for sel in SELECTIONS),
+            ]
+        )
+    if markdown:
+        print("| " + " | ".join(head) + " |")
+        print("|" + "---|" * len(head))
+        for row in lines:
+            print("| " + " | ".join(row) + " |")
+    else:
+        t = Table(title="Budgeted router: tool cost vs budget, and held-out reward vs fixed routes")
+        for h in head:
+            t.add_column(h, justify="right")
+        for row in lines:
+            t.add_row(*row)
+        Console(width=200).print(t)
+    for name, run in runs.items():
+        if run["summary"].get("why_not"):
+            print(f"{name}: {run['summary']['why_not']}")

@@ -1,0 +1,130 @@
+"""benchmarks/router_budget_report.py: where a run settled, why it did not, the held-out routed
+policy beside the fixed routes, and the table, on per-step rows shaped like a run's log."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from router_budget_report import (  # noqa: E402
+    TOLERANCE,
+    diagnose,
+    held_out,
+    plot,
+    summarize,
+    table,
+)
+
+
+def _rows(costs, lambdas, answer=0.2, answer_cost=0.0, val=None):
+    rows = []
+    for i, (c, lam) in enumerate(zip(costs, lambdas, strict=True)):
+        rows.append(
+            {
+                "step": i + 1,
+                "router/cost/mean": c,
+                "router/lambda": lam,
+                "router/task_reward/mean": 0.3,
+                "router/route_frac/ANSWER": answer,
+                "router/route_frac/SEARCH": (1 - answer) / 2,
+                "router/route_frac/CALCULATE": (1 - answer) / 2,
+                "router/cost/ANSWER": answer_cost,
+                "router/calculator/cost/mean": c,
+                "router/calculator/task_reward/mean": 0.4,
+            }
+        )
+    if val:
+        rows[-1].update(val)
+    return rows
+
+
+def test_summarize_means_the_last_quarter_and_checks_the_tolerance():
+    costs = [0.9] * 6 + [0.32, 0.28]  # the last quarter of 8 steps is the last 2
+    s = summarize(_rows(costs, [0.1] * 8), budget=0.3, mode="reward", seconds=80.0)
+    assert s["cost_last_quarter"] == pytest.approx(0.30)
+    assert s["settled"] is True
+    assert s["seconds_per_step"] == pytest.approx(10.0)
+    assert s["by_task_type"].keys() == {"calculator"}  # types the run never logged are left out
+    off = summarize(_rows([0.3] * 6 + [0.3 + 2 * TOLERANCE] * 2, [0.1] * 8), 0.3, "reward", 1.0)
+    assert off["settled"] is False
+
+
+def test_diagnose_says_why_the_cost_did_not_settle():
+    settled = summarize(_rows([0.3] * 8, [0.2] * 8), 0.3, "reward", 1.0)
+    assert diagnose(settled, [], free_rate=0.58) is None
+
+    loose = summarize(_rows([0.5] * 8, [0.0] * 8), 0.6, "reward", 1.0)
+    assert "does not bind" in diagnose(loose, [], free_rate=0.58)
+
+    rows = _rows([0.6] * 8, [0.5] * 8, answer_cost=0.4)
+    floor = summarize(rows, 0.1, "reward", 1.0)
+    assert "cost floor" in diagnose(floor, rows, free_rate=0.58)
+
+    rows = _rows([0.6, 0.5, 0.3, 0.1, 0.0, 0.05, 0.07, 0.08], [0.2, 0.5, 0.7, 0.4, 0.1, 0, 0, 0])
+    over = summarize(rows, 0.3, "reward", 1.0)
+    assert diagnose(over, rows, free_rate=0.58).startswith("overshoot: λ rose to 0.70")
+
+    rows = _rows([0.6] * 8, [0.1 * i for i in range(8)])
+    slow = summarize(rows, 0.3, "reward", 1.0)
+    assert "not converged in 8 steps" in diagnose(slow, rows, free_rate=0.58)
+    assert "still moving" in diagnose(slow, rows, free_rate=0.58)
+
+
+def _val():
+    out = {}
+    for t, acc in (("all", 0.4), ("search", 0.5)):
+        out[f"val/{t}/reward_mean"] = acc
+        out[f"val/{t}/accuracy"] = acc
+        out[f"val/{t}/cost/mean"] = 0.3
+        out[f"val/{t}/route/SEARCH"] = 1.0
+        out[f"val/baseline/always_answer/{t}/accuracy"] = 0.1
+        out[f"val/baseline/always_answer/{t}/reward_mean"] = 0.1
+    return out
+
+
+def test_held_out_reads_the_last_validation_and_the_baselines():
+    rows = _rows([0.3] * 4, [0.1] * 4, val=_val())
+    ho = held_out(rows)
+    assert set(ho) == {"search", "all"}
+    assert ho["all"]["router"]["accuracy"] == 0.4
+    assert ho["all"]["router"]["route_frac"]["SEARCH"] == 1.0
+    assert ho["all"]["router"]["route_frac"]["ANSWER"] == 0.0
+    assert ho["search"]["always_answer"]["accuracy"] == 0.1
+    assert ho["search"]["always_family"]["accuracy"] is None  # not logged: no number made up
+    assert held_out(_rows([0.3], [0.1])) == {}
+
+
+def test_table_reports_accuracy_with_its_standard_error(capsys, tmp_path):
+    rows = _rows([0.3] * 4, [0.1] * 4, val=_val())
+    runs = {"B=0.3 reward": {"rows": rows, "summary": summarize(rows, 0.3, "reward", 4.0)}}
+    table(runs, markdown=True, n_val=100)
+    out = capsys.readouterr().out
+    se = math.sqrt(0.4 * 0.6 / 100)
+    line = next(ln for ln in out.splitlines() if ln.startswith("| B=0.3 reward"))
+    assert f"0.400 ± {se:.3f}" in line and "| yes |" in line and "0.100 ± 0.030" in line
+    plot(runs, tmp_path / "p.png")
+    assert (tmp_path / "p.png").stat().st_size > 0
+    json.dumps(runs)  # what router_budget.json records is plain JSON
+
+
+def test_report_plan_is_every_run_on_record(tmp_path):
+    from router_budget import on_record
+
+    for name in ("B=0.3_advantage", "B=0.1_reward", "B=0.3_reward", "unconstrained"):
+        (tmp_path / f"{name}.json").write_text("{}")
+    (tmp_path / "plain_ascent").mkdir()
+    (tmp_path / "plain_ascent" / "B=0.6_reward.json").write_text("{}")  # kept aside: not a run
+    assert on_record(tmp_path, no_unconstrained=False) == [
+        ("unconstrained", 1.0, "reward"),
+        ("B=0.1 reward", 0.1, "reward"),
+        ("B=0.3 reward", 0.3, "reward"),
+        ("B=0.3 advantage", 0.3, "advantage"),
+    ]
+    assert on_record(tmp_path, no_unconstrained=True)[0] == ("B=0.1 reward", 0.1, "reward")
