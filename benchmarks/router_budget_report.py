@@ -16,7 +16,8 @@ from rich.table import Table
 from toolgrpo.router.routes import ROUTES
 
 TASK_TYPES = ("calculator", "search", "direct")
-SELECTIONS = ("router", "always_answer", "always_family", "best_in_hindsight")
+SELECTIONS = ("router", "router_sampled", "always_answer", "always_family", "best_in_hindsight")
+PREFIX = {"router_sampled": "val/sampled"}  # where validation logs each selection's numbers
 UNCONSTRAINED = 1.0  # the top of the `any` cost range: the budget never binds, λ stays 0
 TOLERANCE = 0.05
 
@@ -39,7 +40,7 @@ def held_out(rows: list[dict]) -> dict[str, Any]:
         }
         for name in SELECTIONS[1:]:
             row[name] = {
-                k: last.get(f"val/baseline/{name}/{t}/{k}")
+                k: last.get(f"{PREFIX.get(name, 'val/baseline/' + name)}/{t}/{k}")
                 for k in ("reward_mean", "accuracy", "cost_mean")
             }
         out[t] = row

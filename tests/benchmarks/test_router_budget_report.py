@@ -86,6 +86,7 @@ def _val():
         out[f"val/{t}/route/SEARCH"] = 1.0
         out[f"val/baseline/always_answer/{t}/accuracy"] = 0.1
         out[f"val/baseline/always_answer/{t}/reward_mean"] = 0.1
+        out[f"val/sampled/{t}/accuracy"] = 0.35
     return out
 
 
@@ -98,6 +99,7 @@ def test_held_out_reads_the_last_validation_and_the_baselines():
     assert ho["all"]["router"]["route_frac"]["ANSWER"] == 0.0
     assert ho["search"]["always_answer"]["accuracy"] == 0.1
     assert ho["search"]["always_family"]["accuracy"] is None  # not logged: no number made up
+    assert ho["all"]["router_sampled"]["accuracy"] == 0.35  # the sampled policy's own prefix
     assert held_out(_rows([0.3], [0.1])) == {}
 
 

@@ -172,7 +172,13 @@ def test_routed_eval_of_a_router_checkpoint_agrees_with_validation(
     # Issue 18 item 1: cost vs budget per task type and the fixed-route baselines, in the same
     # report (main reported route shares only).
     sel = res["routing"]["selections"]
-    assert set(sel) == {"router", "always_answer", "always_family", "best_in_hindsight"}
+    assert set(sel) == {
+        "router",
+        "router_sampled",
+        "always_answer",
+        "always_family",
+        "best_in_hindsight",
+    }
     assert res["routing"]["budget"] == pytest.approx(0.3)
     for t in ("calculator", "search", "direct", "all"):
         assert sel["router"][t]["cost_minus_budget"] == pytest.approx(
@@ -181,6 +187,13 @@ def test_routed_eval_of_a_router_checkpoint_agrees_with_validation(
         best = sel["best_in_hindsight"][t]["reward_mean"]
         assert all(best >= sel[k][t]["reward_mean"] - 1e-9 for k in sel)
     assert sel["always_answer"]["all"]["route_frac"] == {"ANSWER": 1.0}
+    # The sampled policy mixes the routes by the head's probabilities: its route shares are a
+    # distribution, and no mixture beats the best route per task.
+    for t in ("calculator", "search", "direct", "all"):
+        mixed = sel["router_sampled"][t]
+        assert sum(mixed["route_frac"].values()) == pytest.approx(1.0)
+        assert mixed["reward_mean"] <= sel["best_in_hindsight"][t]["reward_mean"] + 1e-9
+    assert "val/sampled/all/cost_mean" in res["metrics"]
     fam = {t: sel["always_family"][t]["route_frac"] for t in ("calculator", "search", "direct")}
     assert fam == {
         "calculator": {"CALCULATE": 1.0},

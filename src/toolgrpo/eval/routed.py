@@ -2,6 +2,12 @@
 fixed-route baselines that say where the router sits between "no tools" and "always tools":
 always ANSWER, always the task's own tool family, and the best route per task in hindsight.
 
+With the baselines on, the router's *sampled* policy is reported too (``router_sampled``): each
+route's episodes weighted by the head's probability of that route for the task. That is the
+policy training ran and whose mean cost the budget constrains. A budgeted optimum is in general
+a mixture of routes, and its argmax can sit on either side of the budget (a head at 40 % ANSWER
+and 60 % tools on every prompt plays ANSWER everywhere under argmax).
+
 The baselines need every task played under every route; the router's own result is then read
 off those same episodes (its route's), so it costs nothing extra. Shared by ``toolgrpo eval``
 and in-training validation: both report the same numbers for the same head and tasks. Costs are
@@ -32,6 +38,7 @@ from toolgrpo.router.usage import CostModel, usage_of_episode
 
 log = logging.getLogger(__name__)
 ROUTER = "router"
+SAMPLED = "router_sampled"
 BASELINES = ("always_answer", "always_family", "best_in_hindsight")
 PlayFn = Callable[[Sequence[Task], Sequence[Condition]], list[Episode]]
 
@@ -106,7 +113,7 @@ def play_routed(
             ", ".join(f"{t}: {k}" for t, k in sorted(excluded.items())),
         )
         tasks = [t for i, t in enumerate(tasks) if i not in split]
-    picked = greedy_routes(setup.policy, tasks, max_prompt_length)
+    picked, probs = greedy_routes(setup.policy, tasks, max_prompt_length)
     played = setup.routes if setup.baselines else None
     if played is None:
         conds = [setup.condition(r) for r in picked for _ in range(n)]
@@ -133,14 +140,22 @@ def play_routed(
         selections["always_answer"] = [ANSWER if ANSWER in played else played[0]] * len(tasks)
         selections["always_family"] = family_routes(tasks, setup.families, played, setup.envs)
         selections["best_in_hindsight"] = hindsight_routes(by_route, costs, played, len(tasks))
+    summaries = {
+        name: selection_summary(tasks, sel, by_route, costs, setup.budget)
+        for name, sel in selections.items()
+    }
+    if played is not None:
+        weights = [dict(zip(setup.routes, p, strict=True)) for p in probs]
+        summaries = {
+            ROUTER: summaries.pop(ROUTER),
+            SAMPLED: expected_summary(tasks, weights, by_route, costs, setup.budget),
+            **summaries,
+        }
     report = {
         "budget": setup.budget,
         "excluded_split_routes": dict(sorted(excluded.items())),
         "routes_played": list(played or sorted(set(picked))),
-        "selections": {
-            name: selection_summary(tasks, sel, by_route, costs, setup.budget)
-            for name, sel in selections.items()
-        },
+        "selections": summaries,
     }
     routed = [e for i, r in enumerate(picked) for e in by_route[r][i]]
     return RoutedRun(routed, [r for r in picked for _ in range(n)], report)
@@ -196,9 +211,46 @@ def selection_summary(
     return out
 
 
+def expected_summary(
+    tasks: Sequence[Task],
+    weights: Sequence[Mapping[str, float]],
+    by_route: Mapping[str, Mapping[int, Sequence[Episode]]],
+    costs: Mapping[int, float],
+    budget: float | None,
+) -> dict[str, dict[str, Any]]:
+    """``selection_summary``'s numbers for a stochastic router: per task, each route's episode
+    means weighted by the route's probability (``weights[i][route]``), then averaged over the
+    tasks of each type. Unbiased for the sampled policy, with less variance than sampling one
+    route per task, since every route was played."""
+    rows: dict[str, list[dict[str, float]]] = defaultdict(list)
+    for i, w in enumerate(weights):
+        per: dict[str, float] = defaultdict(float)
+        for r, p in w.items():
+            eps = by_route[r][i]
+            per["reward_mean"] += p * fmean(e.reward for e in eps)
+            per["accuracy"] += p * fmean(float(succeeded(e)) for e in eps)
+            per["cost_mean"] += p * fmean(costs[id(e)] for e in eps)
+            per["tool_call_rate"] += p * fmean(float(e.tool_calls > 0) for e in eps)
+            per[f"route/{r}"] += p
+            per["episodes"] += len(eps)
+        rows[tasks[i].task_type].append(per)
+        rows[ALL].append(per)
+    out = {}
+    for t in sorted(rows, key=lambda x: (x == ALL, x)):
+        got = rows[t]
+        row: dict[str, Any] = {"episodes": int(sum(g["episodes"] for g in got))}
+        for k in ("reward_mean", "accuracy", "cost_mean", "tool_call_rate"):
+            row[k] = fmean(g[k] for g in got)
+        row["cost_minus_budget"] = row["cost_mean"] - budget if budget is not None else None
+        row["route_frac"] = {r: fmean(g[f"route/{r}"] for g in got) for r in sorted(by_route)}
+        out[t] = row
+    return out
+
+
 def routed_metrics(report: Mapping[str, Any], prefix: str = "val") -> dict[str, float]:
     """Flat metrics: ``val/<type>/cost/mean``, ``val/<type>/cost_minus_budget`` for the
-    router, and ``val/baseline/<name>/<type>/{reward_mean,accuracy,cost_mean}``."""
+    router, ``val/sampled/<type>/{reward_mean,accuracy,cost_mean}`` for its sampled policy, and
+    ``val/baseline/<name>/<type>/{reward_mean,accuracy,cost_mean}``."""
     m: dict[str, float] = {}
     for name, summary in report["selections"].items():
         for t, s in summary.items():
@@ -208,8 +260,9 @@ def routed_metrics(report: Mapping[str, Any], prefix: str = "val") -> dict[str, 
                     m[f"{prefix}/{t}/cost_minus_budget"] = s["cost_minus_budget"]
                 m[f"{prefix}/{t}/routed_reward_mean"] = s["reward_mean"]
             else:
+                where = f"{prefix}/sampled" if name == SAMPLED else f"{prefix}/baseline/{name}"
                 for k in ("reward_mean", "accuracy", "cost_mean"):
-                    m[f"{prefix}/baseline/{name}/{t}/{k}"] = s[k]
+                    m[f"{where}/{t}/{k}"] = s[k]
     return m
 
 
