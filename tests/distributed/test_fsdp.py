@@ -62,7 +62,7 @@ def _rank(rank: int, world: int, port: int, args: tuple, out_file: str) -> None:
     torch.set_num_threads(1)
     import torch.distributed as dist
 
-    from toolgrpo.distributed.fsdp import Ranks
+    from toolgrpo.distributed.fsdp import Ranks, leave_process_group
     from toolgrpo.models.loading import load_policy
     from toolgrpo.trainer.actor import Actor
     from toolgrpo.trainer.parallel import actor_policy, refresh_rollout_copy
@@ -84,7 +84,7 @@ def _rank(rank: int, world: int, port: int, args: tuple, out_file: str) -> None:
         if rank == 0:
             torch.save({"old": old, "ref": ref, "metrics": metrics, "weights": weights}, out_file)
     finally:
-        dist.destroy_process_group()
+        leave_process_group()
 
 
 def _free_port() -> int:
@@ -134,7 +134,12 @@ def _rank_resume(rank: int, world: int, port: int, args: tuple, saved: str, out:
     torch.set_num_threads(1)
     import torch.distributed as dist
 
-    from toolgrpo.distributed.fsdp import FsdpOptimizerView, Ranks, load_full_into
+    from toolgrpo.distributed.fsdp import (
+        FsdpOptimizerView,
+        Ranks,
+        leave_process_group,
+        load_full_into,
+    )
     from toolgrpo.models.loading import load_policy
     from toolgrpo.trainer.actor import Actor
     from toolgrpo.trainer.config_diff import load_optimizer
@@ -156,7 +161,7 @@ def _rank_resume(rank: int, world: int, port: int, args: tuple, saved: str, out:
             weights = {k: v.detach().clone() for k, v in policy.model.named_parameters()}
             torch.save(weights, out)
     finally:
-        dist.destroy_process_group()
+        leave_process_group()
 
 
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])

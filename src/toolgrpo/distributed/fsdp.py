@@ -80,12 +80,40 @@ class Ranks:
 
     def close(self) -> None:
         """Leave the process group (torch warns at exit about one never destroyed)."""
-        if self.sharded and dist.is_initialized():
-            dist.destroy_process_group()
+        if self.sharded:
+            leave_process_group()
 
     def mine(self, groups: list[list[int]]) -> list[list[int]]:
         """Whole groups for this rank (round-robin): a group never straddles two ranks."""
         return groups[self.rank :: self.world]
+
+
+def leave_process_group(timeout_s: float = 60.0) -> None:
+    """Tear the default process group down together with the other ranks.
+
+    A rank that destroys its gloo context while a peer still drains writes to it can make that
+    peer's process abort at teardown ("terminate called without an active exception"; gloo
+    issue 155; seen here once in ~25 runs of the two-rank tests, under CPU contention). So: free
+    what still references finished collectives' tensors, then wait for every rank (a monitored
+    barrier, which names a rank that never comes instead of hanging when one has died), then
+    destroy."""
+    if not dist.is_initialized():
+        return
+    import gc
+    from datetime import timedelta
+
+    gc.collect()
+    if dist.get_world_size() > 1:
+        try:
+            if dist.get_backend() == "gloo":
+                dist.monitored_barrier(timeout=timedelta(seconds=timeout_s))
+            else:
+                dist.barrier()
+        except RuntimeError as e:  # a peer already gone: destroy all the same
+            import logging
+
+            logging.getLogger(__name__).warning("leaving the process group alone: %s", e)
+    dist.destroy_process_group()
 
 
 def check_strategy(cfg: Any) -> None:
