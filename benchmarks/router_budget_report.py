@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from statistics import fmean
+from statistics import fmean, stdev
 from typing import Any
 
 from rich.console import Console
@@ -59,6 +59,9 @@ def summarize(rows: list[dict], budget: float, mode: str, seconds: float) -> dic
         "budget": budget,
         "lagrangian": mode,
         "cost_last_quarter": mean("router/cost/mean"),
+        "cost_last_quarter_se": _se(
+            [r["router/cost/mean"] for r in tail if "router/cost/mean" in r]
+        ),
         "lambda_last_quarter": mean("router/lambda"),
         "task_reward": mean("router/task_reward/mean"),
         "route_frac": {r: mean(f"router/route_frac/{r}") for r in ROUTES},
@@ -153,6 +156,12 @@ def plot(runs: dict[str, dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
+def _se(xs: list[float]) -> float | None:
+    """Standard error of a mean of per-step values (steps taken as independent: a settled
+    policy's step-to-step cost is mostly sampling noise, about 0.09 at 48 episodes a step)."""
+    return stdev(xs) / math.sqrt(len(xs)) if len(xs) > 1 else None
+
+
 def _fmt(x: float | None, spec: str = ".3f") -> str:
     return "-" if x is None else format(x, spec)
 
@@ -164,7 +173,7 @@ def _acc(d: dict[str, Any] | None, n: int) -> str:
 
 
 def table(runs: dict[str, dict[str, Any]], markdown: bool, n_val: int) -> None:
-    head = ["run", "cost (last ¼)", "settled", "λ", "task reward", *ROUTES]
+    head = ["run", "cost (last ¼) ± SE", "settled", "λ", "task reward", *ROUTES]
     head += [f"held-out acc. {s}" for s in SELECTIONS]
     lines = []
     for name, run in runs.items():
@@ -174,7 +183,8 @@ def table(runs: dict[str, dict[str, Any]], markdown: bool, n_val: int) -> None:
         lines.append(
             [
                 name,
-                _fmt(s["cost_last_quarter"]),
+                _fmt(s["cost_last_quarter"])
+                + (f" ± {se:.3f}" if (se := s.get("cost_last_quarter_se")) is not None else ""),
                 "-" if s["budget"] >= UNCONSTRAINED else ("yes" if s["settled"] else "no"),
                 _fmt(s["lambda_last_quarter"]),
                 _fmt(s["task_reward"]),

@@ -52,6 +52,7 @@ def test_summarize_means_the_last_quarter_and_checks_the_tolerance():
     assert s["settled"] is True
     assert s["seconds_per_step"] == pytest.approx(10.0)
     assert s["by_task_type"].keys() == {"calculator"}  # types the run never logged are left out
+    assert s["cost_last_quarter_se"] == pytest.approx(0.02)  # sample stdev 0.0283 over √2 steps
     off = summarize(_rows([0.3] * 6 + [0.3 + 2 * TOLERANCE] * 2, [0.1] * 8), 0.3, "reward", 1.0)
     assert off["settled"] is False
 
