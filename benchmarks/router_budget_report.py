@@ -20,6 +20,7 @@ SELECTIONS = ("router", "router_sampled", "always_answer", "always_family", "bes
 PREFIX = {"router_sampled": "val/sampled"}  # where validation logs each selection's numbers
 UNCONSTRAINED = 1.0  # the top of the `any` cost range: the budget never binds, λ stays 0
 TOLERANCE = 0.05
+SATURATED = 0.85  # ANSWER's share of routes beyond which the router has stopped exploring
 
 
 def held_out(rows: list[dict]) -> dict[str, Any]:
@@ -98,14 +99,15 @@ def diagnose(s: dict[str, Any], rows: list[dict], free_rate: float | None) -> st
             f"tool calls there), so no routing reaches B={b}"
         )
     peak = max((r.get("router/lambda", 0.0) for r in rows), default=0.0)
-    if cost < b and lam <= 1e-6 and peak > 1e-6:
-        answer = s["route_frac"].get("ANSWER") or 0.0
+    answer = s["route_frac"].get("ANSWER") or 0.0
+    if cost < b and peak > 1e-6 and (lam <= 1e-6 or answer >= SATURATED):
+        fell = "after λ fell back to 0" if lam <= 1e-6 else f"while λ bled off (still {lam:.2f})"
         return (
             f"overshoot: λ rose to {peak:.2f} while the cost was above B, the router moved to "
-            f"ANSWER ({answer:.0%} of routes in the last quarter) and stayed there after λ fell "
-            "back to 0: its route distribution saturated, and a group whose sampled routes are "
-            "all the same carries no signal; a smaller router.lr or router.dual_lr, or a larger "
-            "router.entropy_coeff"
+            f"ANSWER ({answer:.0%} of routes in the last quarter) and stayed there {fell}: its "
+            "route distribution saturated, and a group whose sampled routes are all the same "
+            "carries no signal; a larger router.entropy_coeff, or a smaller router.lr or "
+            "router.dual_lr"
         )
     if cost < b and lam <= 1e-6:
         return "the budget does not bind: with λ = 0 the router spends less than B"

@@ -72,6 +72,13 @@ def test_diagnose_says_why_the_cost_did_not_settle():
     over = summarize(rows, 0.3, "reward", 1.0)
     assert diagnose(over, rows, free_rate=0.58).startswith("overshoot: λ rose to 0.70")
 
+    rows = _rows(
+        [0.5, 0.4, 0.1, 0.05, 0.0, 0.02, 0.0, 0.01], [0, 0.9, 0.8, 0.5, 0.3, 0.2, 0.1, 0.08]
+    )
+    rows = [{**r, "router/route_frac/ANSWER": 0.95} for r in rows]
+    bleeding = summarize(rows, 0.1, "reward", 1.0)  # λ still > 0, the router stuck on ANSWER
+    assert "while λ bled off (still 0.09)" in diagnose(bleeding, rows, free_rate=0.58)
+
     rows = _rows([0.6] * 8, [0.1 * i for i in range(8)])
     slow = summarize(rows, 0.3, "reward", 1.0)
     assert "not converged in 8 steps" in diagnose(slow, rows, free_rate=0.58)
