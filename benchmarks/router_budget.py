@@ -95,9 +95,10 @@ BASE = [
 # What the budgeted runs add: a PI dual step (λ = I + k_p·(cost − B)) and an entropy bonus on the
 # router. Plain ascent (router.dual_lr=0.5 above, k_p = 0) overshot on SmolLM2 (B = 0.3: λ to
 # 0.69, then the router stuck on ANSWER at cost 0.08; router_budget_runs/plain_ascent/). PI
-# without the entropy bonus, 30 steps, still missed (router_budget_runs/pi_30_steps/): at B = 0.3
-# the router swung across B (0.354 over the last quarter), at B = 0.1 it saturated on ANSWER
-# (95 %) and the cost ended near 0.03, because a group of four ANSWER routes carries no gradient.
+# without the entropy bonus, 30 steps (router_budget_runs/pi_30_steps/), landed B = 0.3 in
+# advantage mode (0.274) but not in reward mode: at B = 0.3 the router swung across B (0.354 over
+# the last quarter), at B = 0.1 it saturated on ANSWER (96 %) and the cost ended near 0.02,
+# because a group of four ANSWER routes carries no gradient.
 # tests/router/test_bandit.py's model of this benchmark shows both: without the bonus B = 0.1
 # undershoots; with router.entropy_coeff = 0.1 and 60 steps both budgets land within ±0.05 in 6
 # of 6 seeds, while 30 steps land only about half of them (a quarter of 30 steps is 7 noisy
