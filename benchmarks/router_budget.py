@@ -92,18 +92,19 @@ BASE = [
     "trainer.resume=disable",
     "trainer.overwrite_output_dir=true",  # a re-run replaces (moves aside) the last one
 ]
-# What the budgeted runs add: a PI dual step (λ = I + k_p·(cost − B)) and an entropy bonus on the
-# router. Plain ascent (router.dual_lr=0.5 above, k_p = 0) overshot on SmolLM2 (B = 0.3: λ to
-# 0.69, then the router stuck on ANSWER at cost 0.08; router_budget_runs/plain_ascent/). PI
-# without the entropy bonus, 30 steps (router_budget_runs/pi_30_steps/), landed B = 0.3 in
+# What the budgeted runs add: a PI dual step (λ = I + k_p·(cost − B)) and a larger entropy bonus
+# on the router (0.1; the default is 0.01). Plain ascent (router.dual_lr=0.5 above, k_p = 0)
+# overshot on SmolLM2 (B = 0.3: λ to 0.69, then the router stuck on ANSWER at cost 0.08;
+# router_budget_runs/plain_ascent/). PI
+# with the default bonus, 30 steps (router_budget_runs/pi_30_steps/), landed B = 0.3 in
 # advantage mode (0.274) but not in reward mode: at B = 0.3 the router swung across B (0.354 over
 # the last quarter), at B = 0.1 it saturated on ANSWER (96 %) and the cost ended near 0.02,
 # because a group of four ANSWER routes carries no gradient.
-# tests/router/test_bandit.py's model of this benchmark shows both: without the bonus B = 0.1
+# tests/router/test_bandit.py's model of this benchmark shows both: with 0 or 0.01, B = 0.1
 # undershoots; with router.entropy_coeff = 0.1 and 60 steps both budgets land within ±0.05 in 6
 # of 6 seeds, while 30 steps land only about half of them (a quarter of 30 steps is 7 noisy
 # steps; the per-step cost's spread is about 0.09 at 48 episodes). The unconstrained run keeps
-# the defaults (no bonus): its λ is 0 either way, and it measures the tool rate a budget faces.
+# the defaults (bonus 0.01): its λ is 0 either way, and it measures the tool rate a budget faces.
 DUAL = ["router.dual_lr=0.2", "router.dual_kp=2.0", "router.entropy_coeff=0.1"]
 
 
