@@ -95,9 +95,9 @@ BASE = [
 # What the budgeted runs add: a PI dual step (λ = I + k_p·(cost − B)) and a larger entropy bonus
 # on the router (0.1; the default is 0.01). Plain ascent (router.dual_lr=0.5 above, k_p = 0)
 # overshot on SmolLM2 (B = 0.3: λ to 0.69, then the router stuck on ANSWER at cost 0.08;
-# router_budget_runs/plain_ascent/). PI
-# with the default bonus, 30 steps (router_budget_runs/pi_30_steps/), landed B = 0.3 in
-# advantage mode (0.274) but not in reward mode: at B = 0.3 the router swung across B (0.354 over
+# router_budget_runs/plain_ascent/). PI with the default bonus, 30 steps
+# (router_budget_runs/pi_30_steps/), landed B = 0.3 in advantage mode (0.274) but not in reward
+# mode: at B = 0.3 the router swung across B (0.354 over
 # the last quarter), at B = 0.1 it saturated on ANSWER (96 %) and the cost ended near 0.02,
 # because a group of four ANSWER routes carries no gradient.
 # tests/router/test_bandit.py's model of this benchmark shows both: with 0 or 0.01, B = 0.1
@@ -106,6 +106,11 @@ BASE = [
 # steps; the per-step cost's spread is about 0.09 at 48 episodes). The unconstrained run keeps
 # the defaults (bonus 0.01): its λ is 0 either way, and it measures the tool rate a budget faces.
 DUAL = ["router.dual_lr=0.2", "router.dual_kp=2.0", "router.entropy_coeff=0.1"]
+
+
+def budgeted(budget: float) -> list[str]:
+    """The overrides a run adds for its budget: ``DUAL`` when the budget can bind."""
+    return DUAL if budget < UNCONSTRAINED else []
 
 
 def write_val(path: Path, per_type: int) -> Path:
@@ -128,7 +133,7 @@ def run_one(budget: float, mode: str, overrides: list[str], out: Path) -> tuple[
         [
             *BASE,
             *overrides,
-            *(DUAL if budget < UNCONSTRAINED else []),
+            *budgeted(budget),
             f"router.budget={budget}",
             f"router.lagrangian={mode}",
             f"trainer.output_dir={out}",
@@ -156,8 +161,9 @@ def settings_key(overrides: list[str], budget: float, mode: str) -> str:
     dtype ``auto`` resolves to on this CPU (bf16 where native, else fp32)."""
     from toolgrpo.models.loading import compute_dtype
 
-    dual = DUAL if budget < UNCONSTRAINED else []
-    text = json.dumps([*BASE, *overrides, *dual, budget, mode, str(compute_dtype("auto"))])
+    text = json.dumps(
+        [*BASE, *overrides, *budgeted(budget), budget, mode, str(compute_dtype("auto"))]
+    )
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 

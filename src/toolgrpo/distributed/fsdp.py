@@ -9,9 +9,12 @@ the head separately) goes through one FSDP root, and tied embeddings stay in one
 
 from __future__ import annotations
 
+import gc
+import logging
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -99,9 +102,6 @@ def leave_process_group(timeout_s: float = 60.0) -> None:
     destroy."""
     if not dist.is_initialized():
         return
-    import gc
-    from datetime import timedelta
-
     gc.collect()
     if dist.get_world_size() > 1:
         try:
@@ -110,8 +110,6 @@ def leave_process_group(timeout_s: float = 60.0) -> None:
             else:
                 dist.barrier()
         except RuntimeError as e:  # a peer already gone: destroy all the same
-            import logging
-
             logging.getLogger(__name__).warning("leaving the process group alone: %s", e)
     dist.destroy_process_group()
 
