@@ -35,7 +35,6 @@ import json
 import os
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -86,11 +85,11 @@ BASE = [
     "router.cost.mode=any",
     "router.lm_reward=lagrangian",
     "router.eval_baselines=true",
-    "trainer.save_freq=-1",
+    # A checkpoint every 5 steps, so a run cut off (a 60-step run takes hours on 2 cores) resumes
+    # where it stopped when the same command runs again with the same --work.
+    "trainer.save_freq=5",
     "trainer.max_checkpoints=1",
     "trainer.logger=[jsonl]",
-    "trainer.resume=disable",
-    "trainer.overwrite_output_dir=true",  # a re-run replaces (moves aside) the last one
 ]
 # What the budgeted runs add: a PI dual step (λ = I + k_p·(cost − B)) and a larger entropy bonus
 # on the router (0.1; the default is 0.01). Plain ascent (router.dual_lr=0.5 above, k_p = 0)
@@ -125,8 +124,13 @@ def write_val(path: Path, per_type: int) -> Path:
     return path
 
 
-def run_one(budget: float, mode: str, overrides: list[str], out: Path) -> tuple[list[dict], float]:
-    """One training run; its per-step router and validation metrics and its wall time."""
+def run_one(
+    budget: float, mode: str, overrides: list[str], out: Path, restart: bool = False
+) -> tuple[list[dict], float]:
+    """One training run; its per-step router and validation metrics and its training seconds
+    (the sum of its steps' times, so a run resumed from ``out``'s last checkpoint counts every
+    step once). ``restart`` moves an earlier run in ``out`` aside instead of resuming it."""
+    resume = ["trainer.resume=disable", "trainer.overwrite_output_dir=true"]
     cfg = load_config(
         TrainConfig,
         None,
@@ -137,22 +141,29 @@ def run_one(budget: float, mode: str, overrides: list[str], out: Path) -> tuple[
             f"router.budget={budget}",
             f"router.lagrangian={mode}",
             f"trainer.output_dir={out}",
+            *(resume if restart else ["trainer.resume=auto"]),
         ],
     )
-    t0 = time.time()
     trainer = Trainer(cfg)
     try:
-        history = trainer.fit()
+        trainer.fit()
     finally:
         trainer.close()
-    seconds = time.time() - t0
     del trainer
     gc.collect()
+    return logged_rows(out / "metrics.jsonl")
+
+
+def logged_rows(path: Path) -> tuple[list[dict], float]:
+    """Each step's router and validation metrics from a run's ``metrics.jsonl`` (which a resume
+    truncates to its checkpoint's step), and the summed step times."""
     keep = ("router/", "val/")
-    rows = [
-        {"step": i + 1, **{k: float(v) for k, v in h.items() if k.startswith(keep)}}
-        for i, h in enumerate(history)
-    ]
+    rows, seconds = [], 0.0
+    for line in path.read_text().splitlines():
+        rec = json.loads(line)
+        seconds += float(rec.get("timing/step_s") or 0.0)
+        num = {k: float(v) for k, v in rec.items() if k.startswith(keep) and v is not None}
+        rows.append({"step": int(rec["step"]), **num})
     return rows, seconds
 
 
@@ -245,7 +256,9 @@ def main(argv: list[str]) -> None:
             print(f"{name}: {path} ran under other settings; left out")
             continue
         if record is None:
-            rows, seconds = run_one(b, mode, overrides, work / name.replace(" ", "_"))
+            rows, seconds = run_one(
+                b, mode, overrides, work / name.replace(" ", "_"), restart=args.rerun
+            )
             record = {"settings_key": key, "rows": rows}
             record["summary"] = summarize(rows, b, mode, seconds)
             record["load_average_at_end"] = os.getloadavg()

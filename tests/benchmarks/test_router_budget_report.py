@@ -138,3 +138,22 @@ def test_report_plan_is_every_run_on_record(tmp_path):
         ("B=0.3 advantage", 0.3, "advantage"),
     ]
     assert on_record(tmp_path, no_unconstrained=True)[0] == ("B=0.1 reward", 0.1, "reward")
+
+
+def test_logged_rows_read_a_resumed_runs_log_once_per_step(tmp_path):
+    """A run resumed from its step-5 checkpoint: the trainer truncated its log to step 5 and
+    appended steps 6-7; the rows cover every step once and the seconds add the step times."""
+    from router_budget import logged_rows
+
+    log = tmp_path / "metrics.jsonl"
+    recs = [
+        {"step": s, "timing/step_s": 10.0 * s, "router/lambda": 0.1 * s, "actor/entropy": 0.3}
+        for s in range(1, 8)
+    ]
+    recs[-1]["val/router/cost/mean"] = None  # a NaN the tracker wrote as null
+    log.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    rows, seconds = logged_rows(log)
+    assert [r["step"] for r in rows] == list(range(1, 8))
+    assert seconds == pytest.approx(280.0)
+    assert rows[2] == {"step": 3, "router/lambda": pytest.approx(0.3)}
+    assert "val/router/cost/mean" not in rows[-1]
