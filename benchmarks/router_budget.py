@@ -130,7 +130,6 @@ def run_one(
     """One training run; its per-step router and validation metrics and its training seconds
     (the sum of its steps' times, so a run resumed from ``out``'s last checkpoint counts every
     step once). ``restart`` moves an earlier run in ``out`` aside instead of resuming it."""
-    resume = ["trainer.resume=disable", "trainer.overwrite_output_dir=true"]
     cfg = load_config(
         TrainConfig,
         None,
@@ -141,7 +140,11 @@ def run_one(
             f"router.budget={budget}",
             f"router.lagrangian={mode}",
             f"trainer.output_dir={out}",
-            *(resume if restart else ["trainer.resume=auto"]),
+            *(
+                ["trainer.resume=disable", "trainer.overwrite_output_dir=true"]
+                if restart
+                else ["trainer.resume=auto"]
+            ),
         ],
     )
     trainer = Trainer(cfg)
