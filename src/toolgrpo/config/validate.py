@@ -70,6 +70,11 @@ def validate_train_config(cfg: TrainConfig) -> None:
         )
     dist = cfg.trainer.distributed
     _one_of(dist.backend, ("local", "ray"), "trainer.distributed.backend")
+    if a.use_torch_compile and dist.strategy == "fsdp2":
+        raise ConfigError(
+            "actor_rollout_ref.actor.use_torch_compile=true is not supported with "
+            "trainer.distributed.strategy=fsdp2 (the sharded update is not compiled): set one"
+        )
     if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", str(cfg.trainer.device)):
         raise ConfigError(
             f"trainer.device must be auto, cpu, cuda or cuda:N, got {cfg.trainer.device!r}"

@@ -13,6 +13,8 @@ from typing import Any
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from toolgrpo.models.compiled import compiled
+
 
 @dataclass
 class ResponseLogprobs:
@@ -63,6 +65,7 @@ def _head_stats(
     with_entropy: bool,
     with_hidden: bool,
     target_mask: torch.Tensor | None = None,
+    compile_head: bool = False,
 ) -> ResponseLogprobs:
     """LM head over ``hidden [B, R, H]`` in chunks along R, each recomputed in backward.
 
@@ -79,6 +82,7 @@ def _head_stats(
             chunk_size,
             with_entropy,
             False,
+            compile_head=compile_head,
         )
         zeros = torch.zeros(targets.shape, dtype=picked.logprobs_BR.dtype, device=targets.device)
         ent = picked.entropy_BR
@@ -89,14 +93,13 @@ def _head_stats(
         )
     lps, ents = [], []
     grad = torch.is_grad_enabled()
+    stats = compiled(_chunk_stats) if compile_head else _chunk_stats
     for s in range(0, targets.shape[1], chunk_size):
         h, t = hidden[:, s : s + chunk_size], targets[:, s : s + chunk_size]
         if grad:
-            lp, ent = checkpoint(
-                _chunk_stats, head, h, t, temperature, with_entropy, use_reentrant=False
-            )
+            lp, ent = checkpoint(stats, head, h, t, temperature, with_entropy, use_reentrant=False)
         else:
-            lp, ent = _chunk_stats(head, h, t, temperature, with_entropy)
+            lp, ent = stats(head, h, t, temperature, with_entropy)
         lps.append(lp)
         ents.append(ent)
     if not lps:  # no position to score: empty, but still part of the graph for backward
@@ -119,6 +122,7 @@ def response_logprobs(
     with_entropy: bool = False,
     with_hidden: bool = False,
     target_mask: torch.Tensor | None = None,
+    compile_head: bool = False,
 ) -> ResponseLogprobs:
     """Log-probs (and entropy) of the last ``response_length`` tokens of each row; with
     ``target_mask [B, response_length]`` only where it is 1 (0 elsewhere).
@@ -130,7 +134,15 @@ def response_logprobs(
     hidden = last[:, -response_length - 1 : -1]
     targets = input_ids[:, -response_length:]
     return _head_stats(
-        head, hidden, targets, temperature, chunk_size, with_entropy, with_hidden, target_mask
+        head,
+        hidden,
+        targets,
+        temperature,
+        chunk_size,
+        with_entropy,
+        with_hidden,
+        target_mask,
+        compile_head,
     )
 
 
@@ -177,6 +189,7 @@ def shared_prefix_logprobs(
     with_hidden: bool = False,
     response_lengths: list[int] | None = None,
     target_mask: torch.Tensor | None = None,
+    compile_head: bool = False,
 ) -> ResponseLogprobs:
     """Like ``response_logprobs`` for n responses ``[n, R]`` that share one prompt ``[P]``: the
     prompt runs once and its KV cache (gradient included) is shared, so a group costs
@@ -187,7 +200,8 @@ def shared_prefix_logprobs(
     Right padding in ``response_ids`` is harmless: causal attention never lets a real token see a
     later pad, and pad positions are masked out of every loss (their outputs here are zeros).
     ``target_mask [n, R]`` limits the LM head to the positions where it is 1, as in
-    ``response_logprobs``.
+    ``response_logprobs``. ``compile_head``: the head's per-chunk statistics torch.compiled
+    (``toolgrpo.models.compiled``).
     """
     from transformers import DynamicCache
 
@@ -214,7 +228,15 @@ def shared_prefix_logprobs(
             hidden = torch.cat([hidden, rest.last_hidden_state], dim=1)
         mask = None if target_mask is None else target_mask[rows, :w]
         stats = _head_stats(
-            head, hidden, ids, temperature, chunk_size, with_entropy, with_hidden, mask
+            head,
+            hidden,
+            ids,
+            temperature,
+            chunk_size,
+            with_entropy,
+            with_hidden,
+            mask,
+            compile_head,
         )
         parts.append((rows, stats))
     return _scatter_rows(parts, n, r)

@@ -17,6 +17,7 @@ from toolgrpo import progress
 from toolgrpo.algos import agg_loss, get_policy_loss, kl_loss, value_loss
 from toolgrpo.config.schema import TrainConfig
 from toolgrpo.distributed.fsdp import Ranks, shard
+from toolgrpo.models.compiled import compile_training_blocks
 from toolgrpo.models.loading import Policy, load_policy, trainable_parameters
 from toolgrpo.models.logprobs import response_logprobs, shared_prefix_logprobs
 from toolgrpo.trainer.batch import Batch, microbatch_indices, minibatch_indices, prompt_groups
@@ -67,6 +68,9 @@ class Actor:
         acfg = cfg.actor_rollout_ref.actor
         self.temperature = cfg.actor_rollout_ref.rollout.temperature
         self.chunk = acfg.logprob_chunk_size
+        self.compile = acfg.use_torch_compile
+        if self.compile:
+            compile_training_blocks(policy.model)
         self.value_head: torch.nn.Linear | None = None
         if cfg.algorithm.adv_estimator == "gae":
             hidden = policy.base.config.hidden_size
@@ -150,6 +154,7 @@ class Actor:
                         if self.ranks.sharded
                         else _response_lengths(attn[:, -r:]),
                         target_mask=scored,
+                        compile_head=self.compile,
                     )
                 else:
                     res = response_logprobs(
@@ -162,6 +167,7 @@ class Actor:
                         entropy,
                         values,
                         target_mask=scored,
+                        compile_head=self.compile,
                     )
             v = None
             if values and self.value_head is not None:
