@@ -261,8 +261,18 @@ def test_lora_grpo_uses_adapter_disabled_model_as_reference(
             "actor_rollout_ref.actor.optim.lr_warmup_steps": 1,
             "actor_rollout_ref.actor.optim.warmup_style": "cosine",
         },
+        {"actor_rollout_ref.actor.use_torch_compile": "true"},
     ],
-    ids=["dr_grpo", "rloo", "ppo_epochs2", "top_k", "kl_in_reward", "agg_norm", "cosine"],
+    ids=[
+        "dr_grpo",
+        "rloo",
+        "ppo_epochs2",
+        "top_k",
+        "kl_in_reward",
+        "agg_norm",
+        "cosine",
+        "compiled",
+    ],
 )
 def test_variants_run_and_log_finite_metrics(make_train_config, tmp_path, monkeypatch, extra):
     monkeypatch.setattr(trainer_mod, "score", _varied_score)
