@@ -75,8 +75,8 @@ class ActorConfig:
     kl_loss_type: str = "low_var_kl"
     grad_clip: float | None = 1.0  # max grad norm, > 0; null = no clipping (norm still logged)
     logprob_chunk_size: int = 64  # response positions per lm_head chunk: bounds the [B, T, V] peak
-    # torch.compile norms, MLPs and the LM head's statistics (toolgrpo.models.compiled): faster
-    # updates after tens of seconds of compile in the first; not with strategy=fsdp2
+    # torch.compile norms, MLPs, LoRA projections and the LM head's statistics
+    # (toolgrpo.models.compiled): faster updates after tens of seconds of compile; not with fsdp2
     use_torch_compile: bool = False
 
 
