@@ -17,6 +17,7 @@ import pytest
 import torch
 
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # read when vllm is imported
+USER_DISABLED_DYNAMO = "TORCHDYNAMO_DISABLE" in os.environ  # before any engine started
 
 BASE_VERSION = 0
 # Engine settings shared by the session engine and the trainer runs (same settings → same engine).

@@ -61,4 +61,4 @@ def test_engine_env_defaults_never_override_the_user(monkeypatch):
     set_engine_env(_cfg(), on_gpu=False)
     assert os.environ["VLLM_CPU_OMP_THREADS_BIND"] == "0-1"
     assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
-    assert os.environ["TORCHDYNAMO_DISABLE"] == "1"
+    assert "TORCHDYNAMO_DISABLE" not in os.environ  # only while an eager engine starts

@@ -3,10 +3,12 @@ fp32 teacher forcing), greedy decoding, EOS handling, seeded replay and clear in
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
-from tests.vllm.conftest import recompute
+from tests.vllm.conftest import USER_DISABLED_DYNAMO, recompute
 from toolgrpo.rollout.generator import SamplingParams
 from toolgrpo.rollout.hf import HFGenerator, stop_token_ids
 
@@ -124,3 +126,19 @@ def test_long_seeded_batch_is_prefilled_whole(session_gen, hf_policy):
     out = session_gen.generate(long, SamplingParams(n=1, max_new_tokens=2))
     assert [c.prompt_index for c in out] == list(range(6))
     assert all(len(c.token_ids) >= 1 and len(c.logprobs) == len(c.token_ids) for c in out)
+
+
+@pytest.mark.skipif(USER_DISABLED_DYNAMO, reason="TORCHDYNAMO_DISABLE set by the user")
+def test_an_eager_engine_leaves_torch_compile_working(session_gen):
+    """The eager engine's start skips compiling vLLM's sampler helper, and only its start: the
+    variable that does it, left set, turned the actor's ``use_torch_compile`` into eager."""
+    from torch._dynamo.utils import counters
+    from vllm.v1.sample.ops import logprobs as vllm_logprobs
+
+    assert "TORCHDYNAMO_DISABLE" not in os.environ
+    # torch.compile wraps what it compiles (``_torchdynamo_orig_callable``); the helper is plain
+    assert not hasattr(vllm_logprobs.batched_count_greater_than, "_torchdynamo_orig_callable")
+    before = counters["stats"]["unique_graphs"]
+    fn = torch.compile(lambda x: x * 2 + 1, backend="eager")  # dynamo only: no C++ build
+    assert torch.equal(fn(torch.ones(3)), torch.full((3,), 3.0))
+    assert counters["stats"]["unique_graphs"] == before + 1

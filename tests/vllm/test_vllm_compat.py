@@ -12,7 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from toolgrpo.rollout.vllm_compat import kernel_scan_safe, unscannable_modules
+from toolgrpo.rollout.vllm_compat import (
+    eager_engine_start,
+    kernel_scan_safe,
+    unscannable_modules,
+)
 
 
 class _AnswersEverything:
@@ -99,3 +103,19 @@ def test_an_engine_starts_after_bm25s_and_again_after_closing():
     assert out.returncode == 0, out.stderr[-3000:]
     assert "ENGINE 1 tokens True" in out.stdout, out.stdout
     assert "ENGINE 2 tokens True" in out.stdout, out.stdout
+
+
+def test_dynamo_is_off_only_while_an_eager_cpu_engine_starts(monkeypatch):
+    monkeypatch.delenv("TORCHDYNAMO_DISABLE", raising=False)
+    with eager_engine_start(True):
+        assert os.environ["TORCHDYNAMO_DISABLE"] == "1"
+    assert "TORCHDYNAMO_DISABLE" not in os.environ
+    with pytest.raises(RuntimeError), eager_engine_start(True):
+        raise RuntimeError("engine start failed")
+    assert "TORCHDYNAMO_DISABLE" not in os.environ
+    with eager_engine_start(False):  # a compiled engine (or a GPU) compiles as vLLM intends
+        assert "TORCHDYNAMO_DISABLE" not in os.environ
+    monkeypatch.setenv("TORCHDYNAMO_DISABLE", "0")  # the user's value stays, in and after
+    with eager_engine_start(True):
+        assert os.environ["TORCHDYNAMO_DISABLE"] == "0"
+    assert os.environ["TORCHDYNAMO_DISABLE"] == "0"

@@ -40,7 +40,7 @@ from toolgrpo.rollout.vllm_backend import (
     sampling_request,
     set_engine_env,
 )
-from toolgrpo.rollout.vllm_compat import kernel_scan_safe
+from toolgrpo.rollout.vllm_compat import eager_engine_start, kernel_scan_safe
 from toolgrpo.rollout.vllm_weights import actor_weights, save_weights
 from toolgrpo.rollout.vllm_worker_ext import EXTENSION
 
@@ -188,7 +188,10 @@ class AsyncVLLMGenerator:
         set_engine_env(cfg, on_gpu)
         args = engine_args(cfg, str(policy.resolved.hf_dir), on_gpu)
         key = engine_key(args, policy.tokenizer)  # same model shape + settings: one engine
-        gen = cls(_engine_for(args, key), policy.tokenizer, args["max_model_len"])
+        eager = not on_gpu and cfg.actor_rollout_ref.rollout.enforce_eager
+        with eager_engine_start(eager):  # the spawned engine process inherits it
+            engine = _engine_for(args, key)
+        gen = cls(engine, policy.tokenizer, args["max_model_len"])
         gen.sync_weights(policy.model, 0)
         return gen
 

@@ -37,7 +37,7 @@ from toolgrpo.config.loader import ConfigError
 from toolgrpo.config.schema import TrainConfig
 from toolgrpo.rollout.generator import Completion, SamplingParams
 from toolgrpo.rollout.hf import stop_token_ids
-from toolgrpo.rollout.vllm_compat import kernel_scan_safe
+from toolgrpo.rollout.vllm_compat import eager_engine_start, kernel_scan_safe
 from toolgrpo.rollout.vllm_weights import actor_weights, push_weights
 
 log = logging.getLogger(__name__)
@@ -52,8 +52,6 @@ def set_engine_env(cfg: TrainConfig, on_gpu: bool) -> None:
     os.environ.setdefault("DO_NOT_TRACK", "1")
     if on_gpu:
         return
-    # Even eager, sampling torch.compiles a logprobs helper (~18 s of gcc, cold) for no speed-up.
-    os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
     # "auto" binding reserves a core for the scheduler: on a 2-core machine, half the compute.
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
 
@@ -259,7 +257,9 @@ class VLLMGenerator:
         set_engine_env(cfg, on_gpu)
         args = engine_args(cfg, str(policy.resolved.hf_dir), on_gpu)
         key = engine_key(args, policy.tokenizer)
-        gen = cls(_engine_for(args, key), policy.tokenizer, args["max_model_len"])
+        with eager_engine_start(not on_gpu and cfg.actor_rollout_ref.rollout.enforce_eager):
+            engine = _engine_for(args, key)
+        gen = cls(engine, policy.tokenizer, args["max_model_len"])
         gen.sync_weights(policy.model, 0)
         return gen
 

@@ -10,11 +10,12 @@ a second Trainer in one process (a sweep, a notebook, ``benchmarks/router_budget
 
 ``kernel_scan_safe`` hides such modules from ``sys.modules`` while the engine starts and puts them
 back afterwards. vLLM's start imports none of them (checked for llvmlite), so nothing is loaded
-twice.
+twice. ``eager_engine_start`` keeps an eager engine's start from compiling, and only its start.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import warnings
 from collections.abc import Iterator
@@ -57,3 +58,22 @@ def kernel_scan_safe() -> Iterator[list[str]]:
     finally:
         for name, module in hidden.items():
             sys.modules.setdefault(name, module)
+
+
+@contextmanager
+def eager_engine_start(eager_cpu: bool) -> Iterator[None]:
+    """``TORCHDYNAMO_DISABLE=1`` while an eager CPU engine starts (or spawns its process), then
+    the environment as it was; nothing when ``eager_cpu`` is false or the user set the variable.
+
+    Even eager, vLLM's sampler decorates a log-prob helper with ``torch.compile`` when the engine's
+    start imports it (~18 s of gcc with a cold cache, no speed-up). torch reads the variable at
+    every ``torch.compile`` call, so left set it would silently make every later compile in the
+    process a no-op: the actor's ``use_torch_compile`` ran eager beside the vLLM backend."""
+    if not eager_cpu or "TORCHDYNAMO_DISABLE" in os.environ:
+        yield
+        return
+    os.environ["TORCHDYNAMO_DISABLE"] = "1"
+    try:
+        yield
+    finally:
+        os.environ.pop("TORCHDYNAMO_DISABLE", None)
