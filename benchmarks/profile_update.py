@@ -61,15 +61,17 @@ from roofline_measure import (  # noqa: E402
 CONFIG = REPO / "configs" / "agent_smollm2_grpo.yaml"
 BASE, LORA, HEAD, ATTN = "base GEMMs", "LoRA matmuls", "LM head", "attention"
 ELEM, OPTIM, OTHER, PYTHON = "elementwise & norms", "optimizer", "autograd / other", "Python"
-CATEGORIES = (BASE, LORA, HEAD, ATTN, ELEM, OPTIM, OTHER, PYTHON)
+FUSED = "compiled (fused) kernels"
+CATEGORIES = (BASE, LORA, HEAD, ATTN, ELEM, FUSED, OPTIM, OTHER, PYTHON)
 DETAIL = {
     BASE: "mm/addmm/linear on the frozen projections",
     LORA: "matmuls with a dimension equal to the LoRA rank",
     HEAD: "head GEMM (a vocabulary dimension), logsumexp, gather, their backward",
     ATTN: "scaled_dot_product_attention forward + backward",
     ELEM: "RMSNorm, SiLU, rotary, add/mul, copies and casts, reductions, loss",
+    FUSED: "inductor's kernels under use_torch_compile (norms, MLP, LoRA, head statistics)",
     OPTIM: "AdamW step, zero_grad, the grad clip's foreach ops",
-    OTHER: "views, allocation, autograd engine, embedding, indexing",
+    OTHER: "views, allocation, autograd engine, embedding, indexing, dynamo's guards",
     PYTHON: "wall time minus all ops' self CPU time",
 }
 FLAG_NAMES = ("avx2", "avx512_bf16", "amx_bf16")
@@ -78,6 +80,7 @@ GEMMS = frozenset(
 )
 # Normalised (lower case, no underscores) markers found in an op's or an ancestor's name.
 ATTN_MARKS = ("scaleddotproduct",)
+COMPILED_GRAPH = "## Call CompiledFxGraph"  # the profiler's name for one run of inductor's code
 HEAD_MARKS = ("logsumexp", "logsoftmax", "gather", "maskedscatter")
 OPTIM_MARKS = ("optimizer.",)
 ELEMENTWISE = frozenset(
@@ -137,6 +140,8 @@ def categorise(op: Op, vocab: int, rank: int) -> str:
         return HEAD  # the logits' own ops: the head's .float() cast, its softmax
     if op.name.startswith("aten::") and short in ELEMENTWISE:
         return ELEM
+    if op.name.startswith(COMPILED_GRAPH):  # the fused code itself; GEMMs it calls stay GEMMs
+        return FUSED
     return OTHER
 
 

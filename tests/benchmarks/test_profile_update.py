@@ -21,6 +21,7 @@ from profile_update import (  # noqa: E402
     BASE,
     CATEGORIES,
     ELEM,
+    FUSED,
     HEAD,
     LORA,
     OPTIM,
@@ -65,6 +66,9 @@ H, INTER = 576, 1536
         (Op("aten::_to_copy", 1.0, ((H, R), (), ())), ELEM),  # autocast's cast of a LoRA weight
         (Op("aten::lerp_", 1.0, ((R, H), (R, H), ()), ("Optimizer.step#AdamW.step",)), OPTIM),
         (Op("aten::_foreach_norm", 1.0), OPTIM),  # the grad clip
+        (Op("## Call CompiledFxGraph fi4xsykaoiweqsm5 ##", 1.0), FUSED),  # use_torch_compile
+        (Op("aten::mm", 1.0, ((704, H), (H, INTER)), ("## Call CompiledFxGraph f ##",)), BASE),
+        (Op("TorchDynamo Cache Lookup", 1.0), OTHER),
         (Op("aten::view", 1.0, ((704, H), ())), OTHER),
         (Op("autograd::engine::evaluate_function: MmBackward0", 1.0), OTHER),
     ],
