@@ -40,7 +40,7 @@ from toolgrpo.rollout.vllm_backend import (
     sampling_request,
     set_engine_env,
 )
-from toolgrpo.rollout.vllm_compat import eager_engine_start, kernel_scan_safe
+from toolgrpo.rollout.vllm_compat import eager_engine_start, env_default, kernel_scan_safe
 from toolgrpo.rollout.vllm_weights import actor_weights, save_weights
 from toolgrpo.rollout.vllm_worker_ext import EXTENSION
 
@@ -125,14 +125,8 @@ def _child_threads(threads: int) -> Iterator[None]:
     """The engine process is spawned and sizes its thread pool from ``OMP_NUM_THREADS`` (or
     takes every core): give it this process's torch thread count (``trainer.num_threads``), as
     the in-process engine gets, unless the user set ``OMP_NUM_THREADS`` themselves."""
-    if "OMP_NUM_THREADS" in os.environ:
+    with env_default("OMP_NUM_THREADS", str(threads)):
         yield
-        return
-    os.environ["OMP_NUM_THREADS"] = str(threads)
-    try:
-        yield
-    finally:
-        os.environ.pop("OMP_NUM_THREADS", None)
 
 
 def _bind_to_this_process(eng: _AsyncEngine) -> int:

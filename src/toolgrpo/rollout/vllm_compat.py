@@ -69,11 +69,22 @@ def eager_engine_start(eager_cpu: bool) -> Iterator[None]:
     start imports it (~18 s of gcc with a cold cache, no speed-up). torch reads the variable at
     every ``torch.compile`` call, so left set it would silently make every later compile in the
     process a no-op: the actor's ``use_torch_compile`` ran eager beside the vLLM backend."""
-    if not eager_cpu or "TORCHDYNAMO_DISABLE" in os.environ:
+    if not eager_cpu:
         yield
         return
-    os.environ["TORCHDYNAMO_DISABLE"] = "1"
+    with env_default("TORCHDYNAMO_DISABLE", "1"):
+        yield
+
+
+@contextmanager
+def env_default(name: str, value: str) -> Iterator[None]:
+    """``name=value`` in the environment for the block, unless the user set ``name`` (then their
+    value stays); removed afterwards."""
+    if name in os.environ:
+        yield
+        return
+    os.environ[name] = value
     try:
         yield
     finally:
-        os.environ.pop("TORCHDYNAMO_DISABLE", None)
+        os.environ.pop(name, None)
