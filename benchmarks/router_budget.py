@@ -52,6 +52,7 @@ from router_budget_report import (  # noqa: E402
     TOLERANCE,
     UNCONSTRAINED,
     diagnose,
+    paired_gap,
     plot,
     summarize,
     table,
@@ -281,12 +282,17 @@ def main(argv: list[str]) -> None:
     for run in runs.values():
         if run["summary"]["budget"] < UNCONSTRAINED:
             run["summary"]["why_not"] = diagnose(run["summary"], run["rows"], free)
+            if "unconstrained" in runs:
+                gap = paired_gap(run["rows"], runs["unconstrained"]["rows"])
+                run["summary"]["vs_unconstrained_paired"] = gap
     args.results.mkdir(parents=True, exist_ok=True)
     result = {
         "what": (
             "router + LM training per budget B and lagrangian mode on calculator/search/direct; "
             "cost = any tool call (0/1); cost and λ: means over the last quarter of the steps; "
-            "held_out: the last step's validation, argmax routes, with fixed-route baselines"
+            "vs_unconstrained_paired: cost minus the unconstrained run's, step by step (same "
+            "tasks), over that quarter; held_out: the last step's validation, argmax routes, "
+            "with fixed-route baselines"
         ),
         "unconstrained_tool_rate": free,
         "overrides": [*BASE, *overrides],

@@ -158,6 +158,23 @@ def plot(runs: dict[str, dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
+def paired_gap(rows: list[dict], free_rows: list[dict]) -> dict[str, Any] | None:
+    """The run's cost minus the unconstrained run's, step by step over the run's last quarter.
+    Runs with the same ``data.seed`` draw the same tasks at every step, so the task mix's swing
+    from step to step (most of a step's cost noise) cancels: the gap's standard error is a
+    fraction of either cost's, and a gap near 0 says λ did not move the policy."""
+    free = {r["step"]: r["router/cost/mean"] for r in free_rows if "router/cost/mean" in r}
+    tail = rows[-max(1, len(rows) // 4) :]
+    gaps = [
+        r["router/cost/mean"] - free[r["step"]]
+        for r in tail
+        if "router/cost/mean" in r and r["step"] in free
+    ]
+    if not gaps:
+        return None
+    return {"mean": fmean(gaps), "se": _se(gaps), "steps": len(gaps)}
+
+
 def _se(xs: list[float]) -> float | None:
     """Standard error of a mean of per-step values (steps taken as independent: a settled
     policy's step-to-step cost is mostly sampling noise, about 0.09 at 48 episodes a step)."""
@@ -175,13 +192,15 @@ def _acc(d: dict[str, Any] | None, n: int) -> str:
 
 
 def table(runs: dict[str, dict[str, Any]], markdown: bool, n_val: int) -> None:
-    head = ["run", "cost (last ¼) ± SE", "settled", "λ", "task reward", *ROUTES]
+    head = ["run", "cost (last ¼) ± SE", "settled", "λ", "cost − unconstrained (paired)"]
+    head += ["task reward", *ROUTES]
     head += [f"held-out acc. {s}" for s in SELECTIONS]
     lines = []
     for name, run in runs.items():
         s = run["summary"]
         f = s["route_frac"]
         ho = s["held_out"].get("all", {})
+        gap = s.get("vs_unconstrained_paired")
         lines.append(
             [
                 name,
@@ -189,6 +208,7 @@ def table(runs: dict[str, dict[str, Any]], markdown: bool, n_val: int) -> None:
                 + (f" ± {se:.3f}" if (se := s.get("cost_last_quarter_se")) is not None else ""),
                 "-" if s["budget"] >= UNCONSTRAINED else ("yes" if s["settled"] else "no"),
                 _fmt(s["lambda_last_quarter"]),
+                "-" if gap is None else f"{gap['mean']:+.3f} ± {_fmt(gap['se'])}",
                 _fmt(s["task_reward"]),
                 *(_fmt(f[r], ".2f") for r in ROUTES),
                 *(_acc(ho.get(sel), n_val) for sel in SELECTIONS),

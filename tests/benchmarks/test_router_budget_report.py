@@ -114,11 +114,13 @@ def test_held_out_reads_the_last_validation_and_the_baselines():
 def test_table_reports_accuracy_with_its_standard_error(capsys, tmp_path):
     rows = _rows([0.3] * 4, [0.1] * 4, val=_val())
     runs = {"B=0.3 reward": {"rows": rows, "summary": summarize(rows, 0.3, "reward", 4.0)}}
+    runs["B=0.3 reward"]["summary"]["vs_unconstrained_paired"] = {"mean": -0.25, "se": 0.02}
     table(runs, markdown=True, n_val=100)
     out = capsys.readouterr().out
     se = math.sqrt(0.4 * 0.6 / 100)
     line = next(ln for ln in out.splitlines() if ln.startswith("| B=0.3 reward"))
     assert f"0.400 ± {se:.3f}" in line and "| yes |" in line and "0.100 ± 0.030" in line
+    assert "| -0.250 ± 0.020 |" in line
     plot(runs, tmp_path / "p.png")
     assert (tmp_path / "p.png").stat().st_size > 0
     json.dumps(runs)  # what router_budget.json records is plain JSON
@@ -157,3 +159,18 @@ def test_logged_rows_read_a_resumed_runs_log_once_per_step(tmp_path):
     assert seconds == pytest.approx(280.0)
     assert rows[2] == {"step": 3, "router/lambda": pytest.approx(0.3)}
     assert "val/router/cost/mean" not in rows[-1]
+
+
+def test_paired_gap_cancels_the_task_mix_swing_shared_by_both_runs():
+    """Both runs see the same tasks at each step: a swing they share drops out of the gap, so a
+    constant 0.1 below the unconstrained run shows as -0.1 with no spread."""
+    from router_budget_report import paired_gap
+
+    swing = [0.3, 0.8, 0.4, 0.9, 0.35, 0.85, 0.5, 0.7]
+    free = _rows(swing, [0.0] * 8)
+    run = _rows([c - 0.1 for c in swing], [0.2] * 8)
+    gap = paired_gap(run, free)
+    assert gap["steps"] == 2 and gap["mean"] == pytest.approx(-0.1)
+    assert gap["se"] == pytest.approx(0, abs=1e-12)
+    assert summarize(run, 0.5, "reward", 8.0)["cost_last_quarter_se"] > 0.09  # unpaired: the swing
+    assert paired_gap(run, free[:6]) is None  # no unconstrained step to pair with
