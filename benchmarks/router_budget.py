@@ -281,10 +281,11 @@ def main(argv: list[str]) -> None:
     free = runs.get("unconstrained", {}).get("summary", {}).get("cost_last_quarter")
     for run in runs.values():
         if run["summary"]["budget"] < UNCONSTRAINED:
-            run["summary"]["why_not"] = diagnose(run["summary"], run["rows"], free)
+            gap = None
             if "unconstrained" in runs:
                 gap = paired_gap(run["rows"], runs["unconstrained"]["rows"])
                 run["summary"]["vs_unconstrained_paired"] = gap
+            run["summary"]["why_not"] = diagnose(run["summary"], run["rows"], free, gap)
     args.results.mkdir(parents=True, exist_ok=True)
     result = {
         "what": (

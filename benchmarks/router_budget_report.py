@@ -85,12 +85,23 @@ def summarize(rows: list[dict], budget: float, mode: str, seconds: float) -> dic
     return out
 
 
-def diagnose(s: dict[str, Any], rows: list[dict], free_rate: float | None) -> str | None:
-    """Why the cost did not settle at B (None when it did), from what the run logged."""
+def diagnose(
+    s: dict[str, Any], rows: list[dict], free_rate: float | None, gap: dict | None = None
+) -> str | None:
+    """Why the cost did not settle at B (None when it did), from what the run logged and its
+    ``paired_gap`` to the unconstrained run."""
     if s["settled"]:
         return None
     b, cost, lam = s["budget"], s["cost_last_quarter"] or 0.0, s["lambda_last_quarter"] or 0.0
     if free_rate is not None and b >= free_rate - TOLERANCE and cost < b + TOLERANCE:
+        if gap is not None and gap["se"] is not None and gap["mean"] + 2 * gap["se"] < 0:
+            return (
+                f"undershoot at a budget near the policy's own tool rate: unconstrained it spends "
+                f"{free_rate:.2f}, yet λ held the cost {-gap['mean']:.2f} ± {gap['se']:.2f} below "
+                "that, step for step: λ ≥ 0 rises on the noisy steps above B and cannot push "
+                "back on those below it; a dual step over several steps (router.update_every) "
+                "or a smaller router.dual_kp"
+            )
         return f"the budget does not bind: unconstrained, the policy's tool rate is {free_rate:.2f}"
     floor = s["cost_by_route"].get("ANSWER")
     if cost > b and floor is not None and floor > b:

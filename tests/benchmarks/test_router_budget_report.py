@@ -63,6 +63,10 @@ def test_diagnose_says_why_the_cost_did_not_settle():
 
     loose = summarize(_rows([0.5] * 8, [0.0] * 8), 0.6, "reward", 1.0)
     assert "does not bind" in diagnose(loose, [], free_rate=0.58)
+    level = {"mean": -0.01, "se": 0.01, "steps": 2}  # the same cost as unconstrained, paired
+    assert "does not bind" in diagnose(loose, [], free_rate=0.58, gap=level)
+    below = {"mean": -0.08, "se": 0.01, "steps": 2}  # λ held it clearly below the free policy
+    assert "undershoot" in diagnose(loose, [], free_rate=0.58, gap=below)
 
     rows = _rows([0.6] * 8, [0.5] * 8, answer_cost=0.4)
     floor = summarize(rows, 0.1, "reward", 1.0)
