@@ -106,7 +106,7 @@ BASE = [
 # steps; the per-step cost's spread is about 0.09 at 48 episodes). The unconstrained run takes the
 # same bonus (``BONUS``) without the dual step: its λ is 0 either way, and it measures the tool
 # rate a budget faces under the objective the budgeted runs train. With the default bonus (0.01)
-# it used CALCULATE on 64 % of episodes, while the bonus alone held a B = 0.6 run near 52 %
+# it called a tool in 64 % of episodes, while the bonus alone held a B = 0.6 run near 52 %
 # (router_budget_runs/unconstrained_bonus_0.01/).
 BONUS = ["router.entropy_coeff=0.1"]
 DUAL = ["router.dual_lr=0.2", "router.dual_kp=2.0", *BONUS]

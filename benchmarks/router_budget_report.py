@@ -48,9 +48,14 @@ def held_out(rows: list[dict]) -> dict[str, Any]:
     return out
 
 
+def last_quarter(rows: list[dict]) -> list[dict]:
+    """The rows a run is judged on: the last quarter of its steps (at least one)."""
+    return rows[-max(1, len(rows) // 4) :]
+
+
 def summarize(rows: list[dict], budget: float, mode: str, seconds: float) -> dict[str, Any]:
-    """Means over the last quarter of the steps (at least one): where the run settled."""
-    tail = rows[-max(1, len(rows) // 4) :]
+    """Means over the last quarter of the steps: where the run settled."""
+    tail = last_quarter(rows)
 
     def mean(key: str) -> float | None:
         vals = [r[key] for r in tail if key in r]
@@ -175,10 +180,9 @@ def paired_gap(rows: list[dict], free_rows: list[dict]) -> dict[str, Any] | None
     from step to step (most of a step's cost noise) cancels: the gap's standard error is a
     fraction of either cost's, and a gap near 0 says λ did not move the policy."""
     free = {r["step"]: r["router/cost/mean"] for r in free_rows if "router/cost/mean" in r}
-    tail = rows[-max(1, len(rows) // 4) :]
     gaps = [
         r["router/cost/mean"] - free[r["step"]]
-        for r in tail
+        for r in last_quarter(rows)
         if "router/cost/mean" in r and r["step"] in free
     ]
     if not gaps:
