@@ -13,9 +13,15 @@ episodes generate, so their summed time is given apart; weight push; log-probs; 
 tokens/s over the generation phase and each process's peak RSS (``wait4``); then the default
 backend's step as a ratio of HF's (the issue's goal: ≤ 0.6×).
 
+``--arms default compiled`` instead compares the default backend with and without both compile
+switches (``actor.use_torch_compile``, ``rollout.enforce_eager=false``); the first arm is the
+ratio's reference.
+
 Run by hand (about 25 minutes on a 2-core CPU at the defaults; run it alone):
-    python benchmarks/step_time.py [--steps 3] [--rounds 2] [--markdown] [key=value ...]
-Writes benchmarks/results/step_time.{json,png} (or ``--results DIR``).
+    python benchmarks/step_time.py [--steps 3] [--rounds 2] [--arms hf default] [--markdown]
+        [key=value ...]
+Writes benchmarks/results/step_time.{json,png} (other arms: step_time_<arms>.{json,png}; or
+``--results DIR``).
 """
 
 from __future__ import annotations
@@ -43,7 +49,20 @@ from negatives import cpu_flags  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "configs" / "agent_smollm2_grpo.yaml"
 CLI = [sys.executable, "-m", "toolgrpo.cli"]
-BACKENDS = {"hf": "hf", "default": "auto"}
+# An arm: its rollout backend and the overrides it adds. ``compiled`` is the default backend with
+# both compile switches on (the update through ``torch.compile``, vLLM's CUDA-graph-free compiled
+# model), which the main job's config leaves off; ``--arms default compiled`` compares the two.
+ARMS: dict[str, tuple[str, list[str]]] = {
+    "hf": ("hf", []),
+    "default": ("auto", []),
+    "compiled": (
+        "auto",
+        [
+            "actor_rollout_ref.actor.use_torch_compile=true",
+            "actor_rollout_ref.rollout.enforce_eager=false",
+        ],
+    ),
+}
 SPLIT = ("gen_s", "tool_s", "weight_sync_s", "logprob_s", "train_s", "step_s")
 QUIET = [
     "trainer.val_before_train=false",
@@ -56,16 +75,18 @@ QUIET = [
 
 
 def run_backend(name: str, steps: int, overrides: list[str], out: Path) -> dict[str, Any]:
-    """One training process on one backend: its per-step rows, its startup line and peak RSS."""
+    """One training process of one arm: its per-step rows, its startup line and peak RSS."""
+    backend, extra = ARMS[name]
     cmd = [
         *CLI,
         "train",
         str(CONFIG),
         *QUIET,
-        f"actor_rollout_ref.rollout.name={BACKENDS[name]}",
+        f"actor_rollout_ref.rollout.name={backend}",
         f"trainer.total_training_steps={steps}",
         f"trainer.output_dir={out}",
         f"trainer.rollout_data_dir={out / 'rollout_data'}",
+        *extra,
         *overrides,
     ]
     log = out.parent / f"{out.name}.log"
@@ -120,9 +141,9 @@ def table(result: dict[str, Any], markdown: bool) -> None:
         "update ms / token",
         "sampled tok/s",
         "peak RSS GB",
-        "step / HF",
+        f"step / {result['reference']}",
     ]
-    hf = result["backends"]["hf"]["median_s"]["step_s"]
+    ref = result["backends"][result["reference"]]["median_s"]["step_s"]
     lines = []
     for name, s in result["backends"].items():
         m = s["median_s"]
@@ -137,7 +158,7 @@ def table(result: dict[str, Any], markdown: bool) -> None:
                 f"{s['update_ms_per_episode_token']:.1f}",
                 f"{s['sampled_tokens_per_s']:.1f}",
                 f"{s['peak_rss_gb']:.1f}",
-                f"{m['step_s'] / hf:.2f}",
+                f"{m['step_s'] / ref:.2f}",
             ]
         )
     if markdown:
@@ -174,7 +195,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
         ax.barh(names, vals, left=left, label=label)
         left = [a + b for a, b in zip(left, vals, strict=True)]
     ax.set_xlabel("seconds per step (median)")
-    ax.set_title("agent main job: step split by rollout backend")
+    ax.set_title("agent main job: step split by arm")
     ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -186,12 +207,19 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--rounds", type=int, default=2, help="processes per backend, alternating")
     ap.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results")
     ap.add_argument("--markdown", action="store_true")
+    ap.add_argument(
+        "--arms",
+        nargs="+",
+        default=["hf", "default"],
+        choices=list(ARMS),
+        help="what to compare; the first is the reference of the ratio column",
+    )
     args, overrides = ap.parse_known_args(argv)
     work = Path(tempfile.mkdtemp(prefix="toolgrpo_step_time_"))
     load_start = os.getloadavg()
-    procs: dict[str, list[dict[str, Any]]] = {n: [] for n in BACKENDS}
+    procs: dict[str, list[dict[str, Any]]] = {n: [] for n in args.arms}
     for rnd in range(args.rounds):
-        for name in BACKENDS:
+        for name in args.arms:
             print(f"round {rnd + 1}/{args.rounds}: {name}", flush=True)
             procs[name].append(run_backend(name, args.steps, overrides, work / f"{name}_{rnd}"))
     result: dict[str, Any] = {
@@ -206,16 +234,22 @@ def main(argv: list[str]) -> None:
             "load_avg_end": os.getloadavg(),
         },
         "dtype_note": "dtype: auto (bf16 where the CPU has AVX512-BF16/AMX, else fp32)",
+        "arm_overrides": {n: ARMS[n][1] for n in args.arms},
+        "reference": args.arms[0],
         "backends": {n: summarize(p) for n, p in procs.items()},
     }
     b = result["backends"]
-    result["default_over_hf"] = b["default"]["median_s"]["step_s"] / b["hf"]["median_s"]["step_s"]
+    stem = "step_time" if args.arms == ["hf", "default"] else "step_time_" + "_".join(args.arms)
+    if {"hf", "default"} <= set(b):
+        ratio = b["default"]["median_s"]["step_s"] / b["hf"]["median_s"]["step_s"]
+        result["default_over_hf"] = ratio
+        print(f"default / HF step: {ratio:.2f} (goal ≤ 0.6)")
     args.results.mkdir(parents=True, exist_ok=True)
-    path = args.results / "step_time.json"
+    path = args.results / f"{stem}.json"
     path.write_text(json.dumps(result, indent=1))
-    plot(result, args.results / "step_time.png")
+    plot(result, args.results / f"{stem}.png")
     table(result, args.markdown)
-    print(f"default / HF step: {result['default_over_hf']:.2f} (goal ≤ 0.6); wrote {path}")
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":
