@@ -15,7 +15,7 @@ An example (defaults are in ``RouterConfig``)::
       update_every: 1        # K: steps per dual step
       cost: {mode: any, c_search: 1.0, c_calc: 1.0, c_other: 1.0, max_calls: 4}
       lm_reward: lagrangian  # the LM trains on r_task − λ·cost too (task: on r_task alone)
-      lagrangian: reward     # reward: Z(r_task − λ·cost) | advantage: Z(r_task) − λ·Z(cost)
+      lagrangian: advantage  # advantage: Z(r_task) − λ·Z(cost) | reward: Z(r_task − λ·cost)
       eval_baselines: true   # eval and validation also play every task under every route
       families_file: ""      # sidecar {tool: SEARCH|CALCULATE|OTHER} overriding the heuristic
       label_file: ""         # weak labels from ``toolgrpo label``; label_coeff weighs them
@@ -90,8 +90,9 @@ class RouterConfig:
     lm_reward: str = "lagrangian"
     # Where λ·cost enters: ``reward`` (A = Z(r_task − λ·cost)) or ``advantage``
     # (A = Z(r_task) − λ·Z(cost), each normalised within the group); for the router and, with
-    # lm_reward=lagrangian, for the LM.
-    lagrangian: str = "reward"
+    # lm_reward=lagrangian, for the LM. ``advantage`` by default: under ``reward`` a group whose
+    # task rewards tie turns any λ > 0 into a unit-size push to ANSWER (docs/router.md).
+    lagrangian: str = "advantage"
     # Routed eval and validation also play every task under every route: the fixed-route
     # baselines (always ANSWER, always the task's family, best route in hindsight); K× episodes.
     eval_baselines: bool = True
