@@ -104,8 +104,14 @@ def diagnose(
                 f"undershoot at a budget near the policy's own tool rate: unconstrained it spends "
                 f"{free_rate:.2f}, yet λ held the cost {-gap['mean']:.2f} ± {gap['se']:.2f} below "
                 "that, step for step: λ ≥ 0 rises on the noisy steps above B and cannot push "
-                "back on those below it; a dual step over several steps (router.update_every) "
-                "or a smaller router.dual_kp"
+                "back on those below it"
+                + (
+                    ", and in reward mode a group whose task rewards tie turns any λ > 0 into a "
+                    "full-size push to ANSWER: router.lagrangian=advantage"
+                    if s.get("lagrangian") == "reward"
+                    else "; a dual step over several steps (router.update_every) or a smaller "
+                    "router.dual_kp"
+                )
             )
         return f"the budget does not bind: unconstrained, the policy's tool rate is {free_rate:.2f}"
     floor = s["cost_by_route"].get("ANSWER")

@@ -66,7 +66,10 @@ def test_diagnose_says_why_the_cost_did_not_settle():
     level = {"mean": -0.01, "se": 0.01, "steps": 2}  # the same cost as unconstrained, paired
     assert "does not bind" in diagnose(loose, [], free_rate=0.58, gap=level)
     below = {"mean": -0.08, "se": 0.01, "steps": 2}  # λ held it clearly below the free policy
-    assert "undershoot" in diagnose(loose, [], free_rate=0.58, gap=below)
+    assert "lagrangian=advantage" in diagnose(loose, [], free_rate=0.58, gap=below)
+    loose_adv = summarize(_rows([0.5] * 8, [0.0] * 8), 0.6, "advantage", 1.0)
+    why = diagnose(loose_adv, [], free_rate=0.58, gap=below)
+    assert "undershoot" in why and "update_every" in why and "lagrangian=advantage" not in why
 
     rows = _rows([0.6] * 8, [0.5] * 8, answer_cost=0.4)
     floor = summarize(rows, 0.1, "reward", 1.0)
