@@ -100,18 +100,21 @@ def diagnose(
     b, cost, lam = s["budget"], s["cost_last_quarter"] or 0.0, s["lambda_last_quarter"] or 0.0
     if free_rate is not None and b >= free_rate - TOLERANCE and cost < b + TOLERANCE:
         if gap is not None and gap["se"] is not None and gap["mean"] + 2 * gap["se"] < 0:
+            if s.get("lagrangian") == "reward":
+                fix = (
+                    ", and in reward mode a group whose task rewards tie turns any λ > 0 into a "
+                    "full-size push to ANSWER: router.lagrangian=advantage"
+                )
+            else:
+                fix = (
+                    "; a dual step over several steps (router.update_every) or a smaller "
+                    "router.dual_kp"
+                )
             return (
                 f"undershoot at a budget near the policy's own tool rate: unconstrained it spends "
                 f"{free_rate:.2f}, yet λ held the cost {-gap['mean']:.2f} ± {gap['se']:.2f} below "
                 "that, step for step: λ ≥ 0 rises on the noisy steps above B and cannot push "
-                "back on those below it"
-                + (
-                    ", and in reward mode a group whose task rewards tie turns any λ > 0 into a "
-                    "full-size push to ANSWER: router.lagrangian=advantage"
-                    if s.get("lagrangian") == "reward"
-                    else "; a dual step over several steps (router.update_every) or a smaller "
-                    "router.dual_kp"
-                )
+                "back on those below it" + fix
             )
         return f"the budget does not bind: unconstrained, the policy's tool rate is {free_rate:.2f}"
     floor = s["cost_by_route"].get("ANSWER")

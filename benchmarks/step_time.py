@@ -74,7 +74,7 @@ QUIET = [
 ]
 
 
-def run_backend(name: str, steps: int, overrides: list[str], out: Path) -> dict[str, Any]:
+def run_arm(name: str, steps: int, overrides: list[str], out: Path) -> dict[str, Any]:
     """One training process of one arm: its per-step rows, its startup line and peak RSS."""
     backend, extra = ARMS[name]
     cmd = [
@@ -204,7 +204,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
 def main(argv: list[str]) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=3, help="steps per process (the first is dropped)")
-    ap.add_argument("--rounds", type=int, default=2, help="processes per backend, alternating")
+    ap.add_argument("--rounds", type=int, default=2, help="processes per arm, alternating")
     ap.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results")
     ap.add_argument("--markdown", action="store_true")
     ap.add_argument(
@@ -221,7 +221,7 @@ def main(argv: list[str]) -> None:
     for rnd in range(args.rounds):
         for name in args.arms:
             print(f"round {rnd + 1}/{args.rounds}: {name}", flush=True)
-            procs[name].append(run_backend(name, args.steps, overrides, work / f"{name}_{rnd}"))
+            procs[name].append(run_arm(name, args.steps, overrides, work / f"{name}_{rnd}"))
     result: dict[str, Any] = {
         "config": str(CONFIG.relative_to(ROOT)),
         "overrides": overrides,
