@@ -165,7 +165,9 @@ def test_tis_weights_reach_the_loss_for_fixed_rows_only(mix_config, tmp_path, mo
     (rec,) = trainer.fit()
     b = seen[0]
     fixed, w = _fixed(b), b["is_weights_BR"]
-    assert torch.equal(w[~fixed], torch.ones_like(w[~fixed]))
+    # the actor's rows carry only the rollout correction min(π_old/π_rollout, 2): the HF
+    # sampler's fp32 log-probs equal the trainer's up to rounding
+    torch.testing.assert_close(w[~fixed], torch.ones_like(w[~fixed]), rtol=0, atol=1e-4)
     assert w[fixed].max() <= 1.5 and (w[fixed] != 1).any()
     # decoupled: PPO clips around the actor, so old = the actor's log-probs on fixed rows too
     assert not torch.equal(b["old_logprobs_BR"][fixed], b["rollout_logprobs_BR"][fixed])

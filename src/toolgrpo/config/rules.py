@@ -116,6 +116,7 @@ ADV_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "gae")
 AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 KL_KINDS = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")  # "+" suffix: straight-through
 ROLLOUT_IS_LEVELS = ("sequence", "token")  # toolgrpo.mixture.correction (decoupled weights)
+MISMATCH_IS_LEVELS = ("token", "sequence")  # toolgrpo.algos.mismatch (rollout correction)
 WARMUP_STYLES = ("constant", "cosine")  # toolgrpo.trainer.optim.lr_factor
 
 MODEL_RULES: dict[str, Any] = {
@@ -150,7 +151,7 @@ TRAIN_RULES: dict[str, Any] = {
     "data.max_prompt_length": POS,
     "data.max_response_length": POS,
     "data.truncation": OneOf(("left", "error")),
-    "data.seed": NONNEG,
+    "data.seed": Num(0, optional=True),  # null = trainer.seed
     "data.bad_rows": OneOf(("skip", "error")),
     "data.max_samples": ALL_OR_POS,
     "data.val_max_samples": ALL_OR_POS,
@@ -207,6 +208,8 @@ TRAIN_RULES: dict[str, Any] = {
     "algorithm.kl_ctrl.kl_coef": NONNEG,
     "algorithm.kl_ctrl.horizon": POS,
     "algorithm.kl_ctrl.target_kl": POS,
+    "algorithm.rollout_correction.rollout_is": OneOf(MISMATCH_IS_LEVELS, optional=True),
+    "algorithm.rollout_correction.rollout_is_threshold": Num(0, low_open=True, optional=True),
     "critic.vf_coef": NONNEG,
     "critic.cliprange_value": POS,
     "critic.lr": POS,

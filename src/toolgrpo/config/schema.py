@@ -23,7 +23,7 @@ class DataConfig:
     truncation: str = "left"  # "left" | "error": what to do with prompts over max_prompt_length
     filter_overlong_prompts: bool = True  # drop tasks whose opening (env, route) is too long
     shuffle: bool = True
-    seed: int = 0
+    seed: int | None = None  # task order; None = trainer.seed
     bad_rows: str = "skip"  # "skip" reports and drops malformed rows; "error" refuses the file
     max_samples: int = -1  # first N rows, round-robin over the files; -1 = all rows
     val_max_samples: int = -1  # in-training validation: first N val tasks, round-robin over files
@@ -199,6 +199,20 @@ class KLCtrlConfig:
 
 
 @dataclass
+class RolloutCorrectionConfig:
+    """verl's ``algorithm.rollout_correction``: the sampler's log-probs (vLLM, or ``generate``
+    with a KV cache) are not the trainer's. Decoupled (default): π_old is the trainer's own
+    log-prob (free when the update is one exactly on-policy pass, else one extra forward) and
+    each of the actor's tokens is weighted by min(π_old/π_rollout, C). Bypass: the sampler's
+    log-probs are π_old, so PPO's ratio and clip absorb the mismatch. The mismatch is logged
+    either way (``rollout/logprob_diff_*``, ``rollout/mismatch_*``)."""
+
+    bypass_mode: bool = False
+    rollout_is: str | None = "token"  # token | sequence | null (no weights, π_old still trainer's)
+    rollout_is_threshold: float | None = 2.0  # C; null = untruncated
+
+
+@dataclass
 class AlgorithmConfig:
     adv_estimator: str = "grpo"  # grpo | dr_grpo | rloo | gae
     norm_adv_by_std_in_grpo: bool = True
@@ -207,6 +221,7 @@ class AlgorithmConfig:
     use_kl_in_reward: bool = False
     kl_penalty: str = "kl"
     kl_ctrl: KLCtrlConfig = field(default_factory=KLCtrlConfig)
+    rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
 
 
 @dataclass
@@ -389,6 +404,11 @@ class TrainConfig:
         default_factory=RolloutAllocationScheduleConfig
     )
     router: RouterConfig = field(default_factory=RouterConfig)  # budgeted tool router (#4)
+
+
+def data_seed(cfg: TrainConfig) -> int:
+    """The task order's seed: ``data.seed``, or ``trainer.seed`` when unset (one seed per run)."""
+    return cfg.data.seed if cfg.data.seed is not None else cfg.trainer.seed
 
 
 def as_dict(cfg: Any) -> dict:

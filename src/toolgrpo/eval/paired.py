@@ -78,24 +78,46 @@ def paired(
     for tid in common:
         by_type[before[tid].task_type].append(tid)
     by_type["all"] = common
-    out: dict[str, dict[str, Any]] = {}
-    for name, ids in sorted(by_type.items()):
-        diffs = [value(after[t]) - value(before[t]) for t in ids]
-        n = len(diffs)
-        mean = fmean(diffs)
-        var = sum((d - mean) ** 2 for d in diffs) / (n - 1) if n > 1 else 0.0
-        se = math.sqrt(var / n)
-        out[name] = {
-            "tasks": n,
-            "before": fmean(value(before[t]) for t in ids),
-            "after": fmean(value(after[t]) for t in ids),
-            "diff": mean,
-            "diff_se_paired": se,
-            "z": mean / se if se > 0 else float("nan"),
-            "up": sum(d > 0 for d in diffs),  # e.g. solved after, not before
-            "down": sum(d < 0 for d in diffs),
-        }
-    return out
+    return {
+        name: paired_values({t: value(before[t]) for t in ids}, {t: value(after[t]) for t in ids})
+        for name, ids in sorted(by_type.items())
+    }
+
+
+def paired_values(before: Mapping[str, float], after: Mapping[str, float]) -> dict[str, Any]:
+    """One number per task id before and after: the mean of each, the mean difference over the
+    ids both hold, its paired SE and z, and how many ids moved each way."""
+    ids = sorted(before.keys() & after.keys())
+    if not ids:
+        raise ValueError("the two evaluations share no task id")
+    diffs = [after[t] - before[t] for t in ids]
+    n = len(diffs)
+    mean = fmean(diffs)
+    var = sum((d - mean) ** 2 for d in diffs) / (n - 1) if n > 1 else 0.0
+    se = math.sqrt(var / n)
+    return {
+        "tasks": n,
+        "before": fmean(before[t] for t in ids),
+        "after": fmean(after[t] for t in ids),
+        "diff": mean,
+        "diff_se_paired": se,
+        "z": mean / se if se > 0 else float("nan"),
+        "up": sum(d > 0 for d in diffs),  # e.g. solved after, not before
+        "down": sum(d < 0 for d in diffs),
+    }
+
+
+def load_single_turn(path: Path, field: str = "total") -> dict[str, float]:
+    """task id → one number (``total`` reward, ``format``, ``correctness``; ``format_ok`` and
+    ``exact_call`` as 0/1) from a single-turn ``toolgrpo eval`` JSON that kept every sample."""
+    record = json.loads(Path(path).read_text())
+    samples = record.get("samples", [])
+    if len(samples) < record.get("num_tasks", 0):
+        raise IncompleteEval(
+            f"{path} keeps {len(samples)} samples of {record['num_tasks']} tasks: "
+            "re-run toolgrpo eval with --samples at least the number of tasks"
+        )
+    return {s["task_id"]: float(s[field]) for s in samples}
 
 
 def format_rows(result: Mapping[str, Mapping[str, Any]]) -> list[str]:

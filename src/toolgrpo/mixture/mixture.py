@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from toolgrpo.algos.utils import masked_mean
 from toolgrpo.config.schema import TrainConfig
 from toolgrpo.data.task import Task
 from toolgrpo.mixture.correction import correct_fixed_rows
@@ -174,12 +173,8 @@ class Mixture:
         if not batch.policies or not bool(fixed_B.any()):
             return {"actor/importance_sampling": 0.0}
         metrics: dict[str, float] = {}
-        if recomputed:
+        if recomputed:  # the trainer's mismatch metrics already cover the actor's rows only
             current = batch.old_logprobs_BR
-            # The trainer's diff metric mixed in the fixed rows; restate it for the actor's.
-            actor_rows = (~fixed_B).float().unsqueeze(-1) * batch.response_mask_BR
-            diff = (batch.old_logprobs_BR - batch.rollout_logprobs_BR).abs()
-            metrics["rollout/logprob_diff_mean"] = float(masked_mean(diff, actor_rows))
         else:
             rows = fixed_B.nonzero().flatten().tolist()
             lp, _ = actor.compute_logprobs(batch.select(rows))

@@ -20,6 +20,7 @@ from toolgrpo.distributed.fsdp import Ranks, shard
 from toolgrpo.models.compiled import compile_training_blocks
 from toolgrpo.models.loading import Policy, load_policy, trainable_parameters
 from toolgrpo.models.logprobs import response_logprobs, shared_prefix_logprobs
+from toolgrpo.trainer import rollout_correction
 from toolgrpo.trainer.batch import Batch, microbatch_indices, minibatch_indices, prompt_groups
 from toolgrpo.trainer.optim import clip_grad_norm, lr_factor
 
@@ -179,14 +180,20 @@ class Actor:
 
     # ---- the update ------------------------------------------------------------------------
     def update(self, batch: Batch) -> dict[str, float]:
-        """PPO epochs over mini-batches of whole groups; one optimizer step per mini-batch."""
+        """PPO epochs over mini-batches of whole groups; one optimizer step per mini-batch.
+
+        ``batch.old_source`` "update" (old log-probs None): π_old is this update's own first
+        pass, exact for one on-policy pass (``trainer/rollout_correction.py``). Unless the
+        trainer recomputed π_old ("trainer"), the sampler/trainer mismatch is measured on the
+        first mini-batch, the one pass that runs at θ_old."""
         acfg = self.cfg.actor_rollout_ref.actor
         self.policy.model.train()
         sums: dict[str, float] = defaultdict(float)
         grad_norms = []
         minis = minibatch_indices(batch.uids, max(1, acfg.ppo_mini_batch_size))
+        first = _FirstPass(batch)
         with progress.phase("update", acfg.ppo_epochs * len(minis), "mini-batches"):
-            self._epochs(batch, minis, sums, grad_norms)
+            self._epochs(batch, minis, sums, grad_norms, first)
         self.scheduler.step()
         count = max(sums.pop("_weight"), 1.0)
         skips = sums.pop("actor/nonfinite_grad_skips", 0.0)
@@ -194,6 +201,9 @@ class Actor:
         metrics["actor/grad_norm"] = sum(grad_norms) / max(len(grad_norms), 1)
         metrics["actor/lr"] = self.optimizer.param_groups[0]["lr"]
         metrics["actor/nonfinite_grad_skips"] = skips
+        if batch.old_source != "trainer":
+            lp, rows = first.gathered(self.ranks)
+            metrics.update(rollout_correction.measure(self.cfg, lp, batch, rows))
         return metrics
 
     def _epochs(
@@ -202,11 +212,13 @@ class Actor:
         minis: list[list[int]],
         sums: dict[str, float],
         grad_norms: list[float],
+        first: _FirstPass,
     ) -> None:
-        """PPO epochs × mini-batches; sums metrics and grad norms in place."""
+        """PPO epochs × mini-batches; sums metrics and grad norms in place, and keeps the
+        first mini-batch's log-probs (computed at θ_old) in ``first``."""
         acfg = self.cfg.actor_rollout_ref.actor
-        for _ in range(acfg.ppo_epochs):
-            for rows in minis:
+        for epoch in range(acfg.ppo_epochs):
+            for m, rows in enumerate(minis):
                 mini = batch.select(rows)
                 self.optimizer.zero_grad(set_to_none=True)
                 denom = _agg_count(mini.response_mask_BR, acfg.loss_agg_mode)
@@ -222,10 +234,12 @@ class Actor:
                         w = 0.0
                     if w == 0 and not self.ranks.sharded:
                         continue
-                    loss, m = self._micro_loss(mb)
+                    loss, got, lp = self._micro_loss(mb)
                     (loss * (w * self.ranks.world)).backward()
-                    for k, v in m.items():
+                    for k, v in got.items():
                         rank_sums[k] += v * w
+                    if epoch == 0 and m == 0 and real:
+                        first.keep([rows[i] for i in micro_rows], lp)
                 for k, v in _sum_dict(self.ranks, rank_sums).items():
                     sums[k] += v
                 sums["_weight"] += 1.0
@@ -238,21 +252,30 @@ class Actor:
                 grad_norms.append(float(norm))
                 progress.tick()
 
-    def _micro_loss(self, mb: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+    def _micro_loss(self, mb: Batch) -> tuple[torch.Tensor, dict[str, float], torch.Tensor]:
+        """The micro-batch's loss, its metrics, and its log-probs (detached)."""
         acfg = self.cfg.actor_rollout_ref.actor
         mb = mb.to(self.device)
         gae = self.value_head is not None
         lp, ent, values = self._forward(mb, False, True, gae)
         r = lp.shape[1]
         mask = mb.response_mask_BR[:, :r]
+        if mb.old_source == "update":  # π_old is this pass (one on-policy pass): exact and free
+            old = lp.detach()
+            weights = rollout_correction.update_pass_weights(
+                self.cfg, old, mb.rollout_logprobs_BR[:, :r], mask
+            )
+        else:
+            old = mb.old_logprobs_BR[:, :r]
+            weights = None if mb.is_weights_BR is None else mb.is_weights_BR[:, :r]
         scale = float(
             self.cfg.data.max_response_length
         )  # Dr.GRPO's constant, not the trimmed width
         low = acfg.clip_ratio_low if acfg.clip_ratio_low is not None else acfg.clip_ratio
         high = acfg.clip_ratio_high if acfg.clip_ratio_high is not None else acfg.clip_ratio
-        is_w = {} if mb.is_weights_BR is None else {"is_weights_BT": mb.is_weights_BR[:, :r]}
+        is_w = {} if weights is None else {"is_weights_BT": weights}
         pg, pm = get_policy_loss(acfg.policy_loss.loss_mode)(
-            mb.old_logprobs_BR[:, :r],
+            old,
             lp,
             mb.advantages_BR[:, :r],
             mask,
@@ -291,7 +314,26 @@ class Actor:
             metrics["critic/vf_loss"] = float(vl.detach())
             metrics["critic/vf_clipfrac"] = vclip
         metrics["actor/loss"] = float(loss.detach())
-        return loss, metrics
+        return loss, metrics, lp.detach()
+
+
+class _FirstPass:
+    """The log-probs of the update's first mini-batch, the one pass that runs at θ_old: the
+    trainer's π_old of those rows, to measure the sampler's mismatch against at no extra cost."""
+
+    def __init__(self, batch: Batch) -> None:
+        self.lp_BR = torch.zeros_like(batch.response_mask_BR)
+        self.rows_B = torch.zeros(batch.size, dtype=batch.response_mask_BR.dtype)
+
+    def keep(self, rows: list[int], lp: torch.Tensor) -> None:
+        self.lp_BR[rows] = _pad_right(lp.float(), self.lp_BR.shape[1]).to(self.lp_BR.device)
+        self.rows_B[rows] = 1.0
+
+    def gathered(self, ranks: Ranks) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every rank's rows (sharded: each row is kept by the one rank that owns its group)."""
+        ranks.sum_(self.lp_BR)
+        ranks.sum_(self.rows_B)
+        return self.lp_BR, self.rows_B
 
 
 def _group_micro(batch: Batch, micro: int, ranks: Ranks | None = None) -> list[list[int]]:

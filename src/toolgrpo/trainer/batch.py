@@ -32,6 +32,9 @@ class Batch:
     task_types: list[str] = field(default_factory=list)
     is_negative: list[bool] = field(default_factory=list)  # rolled-back attempts (rollback.py)
     policies: list[str] = field(default_factory=list)  # who sampled each row; empty = actor
+    # whose log-probs old_logprobs_BR holds (trainer/rollout_correction.py): "trainer" (a pass
+    # before the update), "rollout" (the sampler's), "update" (None: the update's own pass)
+    old_source: str = "trainer"
 
     @property
     def size(self) -> int:

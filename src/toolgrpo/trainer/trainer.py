@@ -24,7 +24,7 @@ from toolgrpo.algos import (
 )
 from toolgrpo.algos.utils import masked_mean
 from toolgrpo.config.loader import ConfigError
-from toolgrpo.config.schema import TrainConfig, as_dict
+from toolgrpo.config.schema import TrainConfig, as_dict, data_seed
 from toolgrpo.config.validate import validate_train_config
 from toolgrpo.data.loader import load_tasks
 from toolgrpo.data.task import Task
@@ -40,6 +40,7 @@ from toolgrpo.rollout.generator import SamplingParams
 from toolgrpo.rollout.hf import HFGenerator
 from toolgrpo.rollout.prompts import filter_overlong, refuse_split_routes
 from toolgrpo.router.runtime import RouterRuntime
+from toolgrpo.trainer import rollout_correction
 from toolgrpo.trainer import state as ckpt_state
 from toolgrpo.trainer.actor import Actor
 from toolgrpo.trainer.batch import Batch
@@ -48,6 +49,7 @@ from toolgrpo.trainer.metrics import NoSignalWatch, batch_metrics, negative_metr
 from toolgrpo.trainer.parallel import actor_policy, open_tracker, push_weights
 from toolgrpo.trainer.replay import AsyncRollout
 from toolgrpo.trainer.resume import prepare_output_dir
+from toolgrpo.trainer.rollout_correction import old_logprob_source
 from toolgrpo.trainer.rollout_dump import make_dumper
 from toolgrpo.trainer.rollout_stage import Rolled, RolloutStage
 from toolgrpo.trainer.sampler import TaskSampler
@@ -83,7 +85,7 @@ class Trainer(RolloutStage):
         self.policy = load_policy(cfg.actor_rollout_ref.model, device=self.ranks.device)
         self.tokenizer = self.policy.tokenizer
         self.sampler = TaskSampler(
-            len(self.tasks), cfg.data.train_batch_size, cfg.data.seed, cfg.data.shuffle
+            len(self.tasks), cfg.data.train_batch_size, data_seed(cfg), cfg.data.shuffle
         )
         self.pool: Any = None
         self.generator: Any = None
@@ -162,7 +164,9 @@ class Trainer(RolloutStage):
             refuse_split_routes(self.tokenizer, self.tasks, d.max_prompt_length, envs, routes)
             return
         self.tasks = filter_overlong(self.tokenizer, self.tasks, d.max_prompt_length, envs, routes)
-        self.sampler = TaskSampler(len(self.tasks), d.train_batch_size, d.seed, d.shuffle)
+        self.sampler = TaskSampler(
+            len(self.tasks), d.train_batch_size, data_seed(self.cfg), d.shuffle
+        )
 
     # ---- the loop ----------------------------------------------------------------------------
     def fit(self) -> list[dict[str, Any]]:
@@ -267,31 +271,36 @@ class Trainer(RolloutStage):
 
     # ---- stages --------------------------------------------------------------------------------
     def prepare_old_and_ref(self, batch: Batch, behaviour: bool = False) -> dict[str, float]:
-        """Old log-probs (reused from generation when the update is exactly on-policy, or always
-        with ``behaviour``: asynchronous batches are weighted against the policy that sampled
-        them), reference log-probs when KL is on, and values for GAE."""
-        a = self.cfg.actor_rollout_ref.actor
+        """PPO's old log-probs (``trainer/rollout_correction.py``: the sampler's in bypass mode
+        and for asynchronous batches, else the trainer's, read off the update's own pass when
+        that is exact, else recomputed here), reference log-probs when KL is on, and values
+        for GAE. ``batch.old_source`` says which; the update measures the mismatch unless it
+        was measured here."""
         gae = self.cfg.algorithm.adv_estimator == "gae"
-        on_policy = behaviour or (
-            a.ppo_epochs == 1
-            and a.ppo_mini_batch_size >= self.cfg.data.train_batch_size
-            and not self.sampling.truncated
-            and self.cfg.algorithm.adv_estimator != "gae"
-        )
-        metrics: dict[str, float] = {"actor/old_logprob_reused": float(on_policy)}
-        if on_policy:
-            batch.old_logprobs_BR = batch.rollout_logprobs_BR
-            if gae:
-                _, batch.old_values_BR = self.actor.compute_logprobs(batch, with_values=True)
-        else:
+        reads_first = self.mixture is not None or self.actor.needs_ref
+        source = old_logprob_source(self.cfg, behaviour, reads_first)
+        batch.old_source = source
+        metrics: dict[str, float] = {
+            "actor/old_logprob_reused": float(source == "rollout"),
+            "actor/old_logprob_in_update": float(source == "update"),
+        }
+        if source == "trainer":
             batch.old_logprobs_BR, batch.old_values_BR = self.actor.compute_logprobs(
                 batch, with_values=gae
             )
-            diff = (batch.old_logprobs_BR - batch.rollout_logprobs_BR).abs()
-            metrics["rollout/logprob_diff_mean"] = float(masked_mean(diff, batch.response_mask_BR))
+            metrics.update(rollout_correction.measure(self.cfg, batch.old_logprobs_BR, batch))
+        else:
+            # "update": None tells the actor to take π_old from its own first pass
+            batch.old_logprobs_BR = batch.rollout_logprobs_BR if source == "rollout" else None
+            if gae:
+                _, batch.old_values_BR = self.actor.compute_logprobs(batch, with_values=True)
         if self.mixture is not None:  # fixed-policy rows: the IS denominator is their sampler
-            metrics.update(self.mixture.correct(batch, self.actor, recomputed=not on_policy))
+            recomputed = source == "trainer"
+            metrics.update(self.mixture.correct(batch, self.actor, recomputed=recomputed))
+        if source == "trainer":  # the actor's rows: min(π_old/π_rollout, C)
+            rollout_correction.weight_actor_rows(self.cfg, batch)
         if self.actor.needs_ref:
+            a = self.cfg.actor_rollout_ref.actor
             batch.ref_logprobs_BR, _ = self.actor.compute_logprobs(batch, reference=True)
             kl = kl_penalty(batch.old_logprobs_BR, batch.ref_logprobs_BR, a.kl_loss_type)
             metrics["actor/kl"] = float(masked_mean(kl, batch.response_mask_BR))

@@ -1,0 +1,219 @@
+"""The README's main job over several seeds: does it learn on every seed, by how much, and at
+what cost to a skill it does not train?
+
+For each seed, ``toolgrpo train configs/agent_smollm2_grpo.yaml trainer.seed=S`` (nothing else
+changed; the task order follows the seed), then the final checkpoint is scored with
+``toolgrpo eval`` on all 300 held-out calculator/search/direct tasks and on ToolRL's 80 RLLA
+test tasks (single-turn, another format: the forgetting check), each paired by task with the
+warm start. Finished pieces are reused, so an interrupted run resumes where it stopped.
+
+    python benchmarks/main_job_seeds.py --seeds 0 1 2            # ~35 min a seed on 2 cores
+    python benchmarks/main_job_seeds.py --seeds 0 1 2 --report   # only re-read what is there
+
+Writes ``benchmarks/results/main_job_seeds.json`` (+ ``.png``): per seed ``seed``, ``gain``,
+``se``, ``z`` (held-out accuracy, points), ``rlla_before``, ``rlla_after``, ``rlla_diff``,
+``rlla_se`` (mean RLLA reward, paired); ``pooled.gain`` / ``pooled.se`` (the mean over seeds of
+each task's gain, and its SE over tasks) and ``pooled.se_between_seeds``; ``machine``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+from statistics import fmean, stdev
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from toolgrpo.eval.paired import load_outcomes, load_single_turn, paired, paired_values  # noqa: E402
+
+CONFIG = ROOT / "configs" / "agent_smollm2_grpo.yaml"
+RLLA_CONFIG = ROOT / "configs" / "grpo_smollm2_rlla.yaml"
+STEPS = 16
+
+
+def toolgrpo(*args: str, log: Path) -> None:
+    """Run the CLI (same interpreter), its output appended to ``log``; stop on failure."""
+    cmd = [sys.executable, "-m", "toolgrpo.cli", *args]
+    print("$", " ".join(cmd), flush=True)
+    with log.open("a") as fh:
+        rc = subprocess.run(cmd, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT).returncode
+    if rc != 0:
+        raise SystemExit(f"failed (rc {rc}): {' '.join(args)}; see {log}")
+
+
+def final_checkpoint(run: Path) -> Path | None:
+    ck = run / "checkpoints" / f"global_step_{STEPS}"
+    return ck if (ck / "trainer_state.json").is_file() else None
+
+
+def evaluate(work: Path, name: str, checkpoint: Path | None, log: Path) -> tuple[Path, Path]:
+    """Held-out env eval (300 tasks, every episode kept) and RLLA test eval (80 tasks)."""
+    env, rlla = work / f"eval_env_{name}.json", work / f"eval_rlla_{name}.json"
+    ck = ["--checkpoint", str(checkpoint)] if checkpoint else []
+    if not env.is_file():
+        toolgrpo("eval", *ck, "--samples", "100", "--output", str(env), str(CONFIG), log=log)
+    if not rlla.is_file():
+        toolgrpo("eval", *ck, "--samples", "80", "--output", str(rlla), str(RLLA_CONFIG), log=log)
+    return env, rlla
+
+
+def run_seed(work: Path, seed: int, extra: list[str], log: Path) -> Path:
+    run = work / f"seed_{seed}"
+    if final_checkpoint(run) is None:  # resume: auto picks up a partial run
+        toolgrpo(
+            "train",
+            str(CONFIG),
+            f"trainer.seed={seed}",
+            f"trainer.output_dir={run}",
+            f"trainer.rollout_data_dir={run / 'rollout_data'}",
+            *extra,
+            log=log,
+        )
+    ck = final_checkpoint(run)
+    assert ck is not None, f"{run} has no step-{STEPS} checkpoint"
+    return ck
+
+
+def machine() -> dict:
+    flags = set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                break
+    except OSError:
+        pass
+    import torch
+
+    from toolgrpo.models.loading import compute_dtype
+
+    keep = ["avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile"]
+    return {
+        "cpu_flags": [f for f in keep if f in flags],
+        "dtype": str(compute_dtype("auto", torch.device("cpu"))).replace("torch.", ""),
+        "cores": os.cpu_count(),
+        "torch": torch.__version__,
+    }
+
+
+def summarize(work: Path, seeds: list[int]) -> dict:
+    base_env, base_rlla = work / "eval_env_warmstart.json", work / "eval_rlla_warmstart.json"
+    before = load_outcomes(base_env)
+    rlla_before = load_single_turn(base_rlla)
+    rows, per_task = [], {}
+    for s in seeds:
+        env, rlla = work / f"eval_env_seed_{s}.json", work / f"eval_rlla_seed_{s}.json"
+        if not (env.is_file() and rlla.is_file()):
+            continue
+        after = load_outcomes(env)
+        p = paired(before, after, "accuracy")
+        r = paired_values(rlla_before, load_single_turn(rlla))
+        a = p["all"]
+        rows.append(
+            {
+                "seed": s,
+                "gain": 100 * a["diff"],
+                "se": 100 * a["diff_se_paired"],
+                "z": a["z"],
+                "before": 100 * a["before"],
+                "after": 100 * a["after"],
+                "up": a["up"],
+                "down": a["down"],
+                "by_type": {k: 100 * v["diff"] for k, v in p.items() if k != "all"},
+                "rlla_before": r["before"],
+                "rlla_after": r["after"],
+                "rlla_diff": r["diff"],
+                "rlla_se": r["diff_se_paired"],
+                "rlla_z": r["z"],
+            }
+        )
+        for t in before.keys() & after.keys():
+            per_task.setdefault(t, []).append(after[t].success - before[t].success)
+    out: dict = {"config": str(CONFIG.relative_to(ROOT)), "steps": STEPS, "seeds": rows}
+    if rows:
+        # each task's gain averaged over the seeds that finished, then the SE over tasks
+        means = [fmean(v) for v in per_task.values() if len(v) == len(rows)]
+        m = fmean(means)
+        se = stdev(means) / math.sqrt(len(means)) if len(means) > 1 else float("nan")
+        gains = [r["gain"] for r in rows]
+        out["pooled"] = {
+            "seeds": len(rows),
+            "tasks": len(means),
+            "gain": 100 * m,
+            "se": 100 * se,
+            "z": m / se if se > 0 else float("nan"),
+            "se_between_seeds": stdev(gains) / math.sqrt(len(gains)) if len(gains) > 1 else None,
+            "rlla_diff": fmean(r["rlla_diff"] for r in rows),
+        }
+    out["machine"] = machine()
+    return out
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = result["seeds"]
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(9, 3.4))
+    xs = [str(r["seed"]) for r in rows]
+    a1.errorbar(xs, [r["gain"] for r in rows], yerr=[2 * r["se"] for r in rows], fmt="o")
+    if "pooled" in result:
+        p = result["pooled"]
+        a1.errorbar(["pooled"], [p["gain"]], yerr=[2 * p["se"]], fmt="s", color="k")
+    a1.axhline(0, color="grey", lw=0.8)
+    a1.set_title("held-out accuracy gain (points, ±2 paired SE)")
+    a1.set_xlabel("seed")
+    a2.errorbar(xs, [r["rlla_diff"] for r in rows], yerr=[2 * r["rlla_se"] for r in rows], fmt="o")
+    a2.axhline(0, color="grey", lw=0.8)
+    a2.set_title("RLLA test reward, after − before (±2 SE)")
+    a2.set_xlabel("seed")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv: list[str]) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--work", type=Path, default=ROOT / "outputs" / "main_job_seeds")
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "main_job_seeds")
+    ap.add_argument("--report", action="store_true", help="summarize what is there; run nothing")
+    ap.add_argument("overrides", nargs="*", help="key=value for every training run (not evals)")
+    args = ap.parse_args(argv)
+    work = args.work
+    work.mkdir(parents=True, exist_ok=True)
+    log = work / "log.txt"
+    if not args.report:
+        evaluate(work, "warmstart", None, log)
+        for s in args.seeds:
+            ck = run_seed(work, s, args.overrides, log)
+            evaluate(work, f"seed_{s}", ck, log)
+            write(summarize(work, args.seeds), args.out)  # each seed's result as it lands
+    write(summarize(work, args.seeds), args.out)
+
+
+def write(result: dict, out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
+    if result["seeds"]:
+        plot(result, out.with_suffix(".png"))
+    for r in result["seeds"]:
+        print(
+            f"seed {r['seed']}: {r['before']:.1f} -> {r['after']:.1f} %, gain {r['gain']:+.1f} "
+            f"± {r['se']:.1f} (z {r['z']:.1f}); RLLA reward {r['rlla_before']:.3f} -> "
+            f"{r['rlla_after']:.3f} ({r['rlla_diff']:+.3f} ± {r['rlla_se']:.3f})"
+        )
+    if "pooled" in result:
+        p = result["pooled"]
+        print(f"pooled over {p['seeds']} seeds: {p['gain']:+.1f} ± {p['se']:.1f} (z {p['z']:.1f})")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
