@@ -12,6 +12,7 @@ from rich.panel import Panel
 from toolgrpo.config.loader import load_config
 from toolgrpo.config.schema import TrainConfig
 from toolgrpo.data.task import Task
+from toolgrpo.distributed.fsdp import resolve_device
 from toolgrpo.eval.cli import apply_checkpoint
 from toolgrpo.eval.evaluate import val_sampling_params
 from toolgrpo.models.loading import load_policy
@@ -46,7 +47,9 @@ def run_infer(
         apply_checkpoint(cfg, checkpoint)
     router = make_router(cfg, RllaFlags(**vars(cfg.reward.rlla)))
     router.check({task_type})
-    policy = load_policy(cfg.actor_rollout_ref.model, trainable=False)
+    policy = load_policy(
+        cfg.actor_rollout_ref.model, trainable=False, device=resolve_device(cfg.trainer.device)
+    )
     messages: list[dict[str, Any]] = [{"role": "user", "content": prompt}]
     if system:
         messages.insert(0, {"role": "system", "content": system})

@@ -14,6 +14,7 @@ from toolgrpo.config.loader import load_config
 from toolgrpo.config.schema import TrainConfig
 from toolgrpo.config.validate import validate_train_config
 from toolgrpo.data.loader import load_tasks
+from toolgrpo.distributed.fsdp import resolve_device
 from toolgrpo.eval.evaluate import check_scorable, evaluate, val_sampling_params
 from toolgrpo.eval.multi_turn import plays_episodes, run_episode_eval
 from toolgrpo.models.loading import load_policy
@@ -72,7 +73,9 @@ def _run_eval(
     if plays_episodes(cfg, tasks):  # environment tasks: played as episodes (eval/multi_turn.py)
         return run_episode_eval(cfg, tasks, label, out, keep_samples, checkpoint)
     check_scorable(tasks, d.val_files, "use an RLLA dataset")
-    policy = load_policy(cfg.actor_rollout_ref.model, trainable=False)
+    policy = load_policy(
+        cfg.actor_rollout_ref.model, trainable=False, device=resolve_device(cfg.trainer.device)
+    )
     params = val_sampling_params(cfg)
     gen = HFGenerator(policy.model, policy.tokenizer, policy.dtype, d.val_batch_size)
     flags = RllaFlags(**vars(cfg.reward.rlla))

@@ -21,6 +21,7 @@ from toolgrpo import progress
 from toolgrpo.config.loader import ConfigError
 from toolgrpo.config.schema import TrainConfig
 from toolgrpo.data.task import Task
+from toolgrpo.distributed.fsdp import resolve_device
 from toolgrpo.envs.registry import EnvRouter
 from toolgrpo.eval.episodes import (
     ALL,
@@ -239,7 +240,11 @@ def run_episode_eval(
     the JSON, print the table."""
     check_episode_eval(cfg, tasks, checkpoint)
     if policy is None:
-        policy = load_policy(cfg.actor_rollout_ref.model, trainable=False)
+        policy = load_policy(
+            cfg.actor_rollout_ref.model,
+            trainable=False,
+            device=resolve_device(cfg.trainer.device),
+        )
     if router_head(cfg, checkpoint):
         print(f"routing each task with {checkpoint}'s router head (argmax)")
     record = {
