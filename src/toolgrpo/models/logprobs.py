@@ -222,7 +222,7 @@ def shared_prefix_logprobs(
             rest = backbone(
                 input_ids=ids[:, :-1],
                 past_key_values=_prompt_cache(causal_lm, cache, len(rows)),
-                position_ids=torch.arange(p, p + w - 1).expand(len(rows), -1),
+                position_ids=torch.arange(p, p + w - 1, device=ids.device).expand(len(rows), -1),
                 use_cache=True,
             )
             hidden = torch.cat([hidden, rest.last_hidden_state], dim=1)
