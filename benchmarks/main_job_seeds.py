@@ -12,8 +12,8 @@ warm start. Finished pieces are reused, so an interrupted run resumes where it s
 
 Writes ``benchmarks/results/main_job_seeds.json`` (+ ``.png``): per seed ``seed``, ``gain``,
 ``se``, ``z`` (held-out accuracy, points), ``rlla_before``, ``rlla_after``, ``rlla_diff``,
-``rlla_se`` (mean RLLA reward, paired); ``pooled.gain`` / ``pooled.se`` (the mean over seeds of
-each task's gain, and its SE over tasks) and ``pooled.se_between_seeds``; ``machine``.
+``rlla_se`` (mean RLLA reward, paired); ``pooled.gain`` / ``pooled.se`` (the mean gain over
+seeds and tasks; its SE adds the SE over tasks and the SE between seeds); ``machine``.
 """
 
 from __future__ import annotations
@@ -137,19 +137,30 @@ def summarize(work: Path, seeds: list[int]) -> dict:
             per_task.setdefault(t, []).append(after[t].success - before[t].success)
     out: dict = {"config": str(CONFIG.relative_to(ROOT)), "steps": STEPS, "seeds": rows}
     if rows:
-        # each task's gain averaged over the seeds that finished, then the SE over tasks
+        # Two sources of error in the mean gain: which tasks (SE over tasks of each task's gain
+        # averaged over seeds) and which seeds (SE of the seeds' gains, a shift shared by all
+        # tasks that the first misses). ``se`` adds both, which counts the seed-by-task noise
+        # twice: conservative, never optimistic.
         means = [fmean(v) for v in per_task.values() if len(v) == len(rows)]
-        m = fmean(means)
-        se = stdev(means) / math.sqrt(len(means)) if len(means) > 1 else float("nan")
+        m = 100 * fmean(means)
+        se_tasks = 100 * stdev(means) / math.sqrt(len(means)) if len(means) > 1 else float("nan")
         gains = [r["gain"] for r in rows]
+        se_seeds = stdev(gains) / math.sqrt(len(gains)) if len(gains) > 1 else 0.0
+        se = math.sqrt(se_tasks**2 + se_seeds**2)
         out["pooled"] = {
             "seeds": len(rows),
             "tasks": len(means),
-            "gain": 100 * m,
-            "se": 100 * se,
+            "gain": m,
+            "se": se,
             "z": m / se if se > 0 else float("nan"),
-            "se_between_seeds": stdev(gains) / math.sqrt(len(gains)) if len(gains) > 1 else None,
+            "se_over_tasks": se_tasks,
+            "se_between_seeds": se_seeds if len(gains) > 1 else None,
             "rlla_diff": fmean(r["rlla_diff"] for r in rows),
+            "rlla_se_between_seeds": (
+                stdev(r["rlla_diff"] for r in rows) / math.sqrt(len(rows))
+                if len(rows) > 1
+                else None
+            ),
         }
     out["machine"] = machine()
     return out

@@ -150,6 +150,7 @@ def load_cfg(config: str, overrides: list[str]):
 
 def render_prompts(cfg, hf_dir: Path, steps: int, path: Path) -> dict[str, float]:
     """The prompts toolgrpo's first ``steps`` steps train on, in its order, as TRL rows."""
+    from toolgrpo.config.schema import data_seed
     from toolgrpo.data.loader import load_tasks
     from toolgrpo.models.loading import load_tokenizer
     from toolgrpo.rewards.scoring import check_task
@@ -161,7 +162,7 @@ def render_prompts(cfg, hf_dir: Path, steps: int, path: Path) -> dict[str, float
     tasks = load_tasks(d.train_files, d.bad_rows, d.max_samples, check_task).tasks
     if d.filter_overlong_prompts:
         tasks = filter_overlong(tok, tasks, d.max_prompt_length)
-    sampler = TaskSampler(len(tasks), d.train_batch_size, d.seed, d.shuffle)
+    sampler = TaskSampler(len(tasks), d.train_batch_size, data_seed(cfg), d.shuffle)
     rows, lengths, mismatched = [], [], 0
     for step in range(1, steps + 1):
         for i in sampler.next_batch():

@@ -14,19 +14,21 @@ from toolgrpo.trainer.actor import Actor
 from toolgrpo.trainer.rollout_correction import old_logprob_source
 from toolgrpo.trainer.trainer import Trainer
 
-SHIFT = 0.5  # the "engine" reports every sampled token 0.5 nats likelier than the trainer does
 
-
-def _other_numerics(trainer: Trainer) -> list:
-    """Make the sampler's recorded log-probs differ from the trainer's by ``SHIFT`` per token
-    (what a bf16 engine does, exaggerated), and capture each batch the update sees."""
-    seen = []
+def _other_numerics(trainer: Trainer) -> tuple[list, list]:
+    """Make the sampler's recorded log-probs differ from the trainer's by a random shift per token
+    in [-1, 1] nats (what a bf16 engine does, exaggerated), and capture each batch the update
+    sees. Returns (batches, shifts): log π_rollout = log π_trainer + shift."""
+    seen, shifts = [], []
     produce, update = trainer.produce, trainer.actor.update
+    g = torch.Generator().manual_seed(0)
 
     def shifted(*a, **k):
         rolled = produce(*a, **k)
         b = rolled.batch
-        b.rollout_logprobs_BR = b.rollout_logprobs_BR + SHIFT * b.response_mask_BR
+        shift = (torch.rand(b.rollout_logprobs_BR.shape, generator=g) * 2 - 1) * b.response_mask_BR
+        b.rollout_logprobs_BR = b.rollout_logprobs_BR + shift
+        shifts.append(shift)
         return rolled
 
     def capture(batch):
@@ -34,25 +36,31 @@ def _other_numerics(trainer: Trainer) -> list:
         return update(batch)
 
     trainer.produce, trainer.actor.update = shifted, capture
-    return seen
+    return seen, shifts
 
 
 def test_log_probs_of_an_engine_with_other_numerics_are_not_used_as_old(
     make_train_config, tmp_path
 ):
     trainer = Trainer(make_train_config(steps=1, out=tmp_path / "d"))
-    seen = _other_numerics(trainer)
+    seen, shifts = _other_numerics(trainer)
     (rec,) = trainer.fit()
+    shift = shifts[0]
+    m = seen[0].response_mask_BR.bool()
     assert seen[0].old_source == "update"  # one on-policy pass: π_old read off the update
     assert rec["actor/old_logprob_reused"] == 0.0
     # π_old is the trainer's: the first (only) pass has ratio 1 exactly, nothing is clipped
     assert rec["actor/clipfrac"] == 0.0 and rec["actor/ppo_kl"] == pytest.approx(0.0, abs=1e-6)
-    # the mismatch is measured, and every token's weight is π_old/π_rollout = e^-0.5
-    assert rec["rollout/logprob_diff_mean"] == pytest.approx(SHIFT, abs=1e-4)
-    assert rec["rollout/logprob_diff_max"] == pytest.approx(SHIFT, abs=1e-4)
-    assert rec["rollout/mismatch_frac_outside_clip"] == 1.0
-    assert rec["rollout/mismatch_kl"] > 0.1
-    assert rec["rollout/is_weight_mean"] == pytest.approx(torch.tensor(-SHIFT).exp().item(), 1e-3)
+    # the mismatch is measured, and each token's weight is min(π_old/π_rollout, 2) = e^-shift
+    s = shift[m]
+    assert rec["rollout/logprob_diff_mean"] == pytest.approx(float(s.abs().mean()), abs=1e-4)
+    assert rec["rollout/logprob_diff_max"] == pytest.approx(float(s.abs().max()), abs=1e-4)
+    ratio = torch.exp(-s)
+    outside = float(((ratio < 0.8) | (ratio > 1.2)).float().mean())
+    assert rec["rollout/mismatch_frac_outside_clip"] == pytest.approx(outside)
+    assert rec["rollout/mismatch_kl"] == pytest.approx(float((ratio - 1 + s).mean()), rel=1e-3)
+    w = ratio.clamp(max=2.0)
+    assert rec["rollout/is_weight_mean"] == pytest.approx(float(w.mean()), rel=1e-4)
 
 
 def test_bypass_mode_uses_the_engines_log_probs_and_its_clip_shows_it(make_train_config, tmp_path):
@@ -60,43 +68,52 @@ def test_bypass_mode_uses_the_engines_log_probs_and_its_clip_shows_it(make_train
         steps=1, out=tmp_path / "b", **{"algorithm.rollout_correction.bypass_mode": "true"}
     )
     trainer = Trainer(cfg)
-    seen = _other_numerics(trainer)
+    seen, shifts = _other_numerics(trainer)
     (rec,) = trainer.fit()
+    shift = shifts[0]
     b = seen[0]
     assert b.old_source == "rollout" and rec["actor/old_logprob_reused"] == 1.0
     assert torch.equal(b.old_logprobs_BR, b.rollout_logprobs_BR)
-    assert rec["rollout/logprob_diff_mean"] == pytest.approx(SHIFT, abs=1e-4)  # still measured
+    s = shift[b.response_mask_BR.bool()]
+    assert rec["rollout/logprob_diff_mean"] == pytest.approx(float(s.abs().mean()), abs=1e-4)
     assert "rollout/is_weight_mean" not in rec  # no weights in bypass mode
-    assert rec["actor/ppo_kl"] == pytest.approx(SHIFT, abs=1e-3)  # the ratio starts at e^-0.5
+    # PPO's ratio starts at π_trainer/π_rollout = e^-shift, not 1: its KL is the mean shift
+    assert abs(float(s.mean())) > 0.01
+    assert rec["actor/ppo_kl"] == pytest.approx(float(s.mean()), abs=1e-4)
 
 
-def test_a_separate_recompute_weights_the_actors_rows(make_train_config, tmp_path):
+@pytest.mark.parametrize("level", ["token", "sequence"])
+def test_a_separate_recompute_weights_the_actors_rows(make_train_config, tmp_path, level):
     cfg = make_train_config(
         steps=1,
-        out=tmp_path / "r",
+        out=tmp_path / level,
         **{
             "data.train_batch_size": 4,
             "actor_rollout_ref.actor.ppo_mini_batch_size": 2,
+            "algorithm.rollout_correction.rollout_is": level,
             "algorithm.rollout_correction.rollout_is_threshold": 1.5,
         },
     )
     trainer = Trainer(cfg)
-    seen = _other_numerics(trainer)
+    seen, shifts = _other_numerics(trainer)
     (rec,) = trainer.fit()
+    shift = shifts[0]
     b = seen[0]
     assert b.old_source == "trainer"
-    assert not torch.allclose(b.old_logprobs_BR, b.rollout_logprobs_BR)
     m = b.response_mask_BR.bool()
-    expect = torch.tensor(-SHIFT).exp()
-    torch.testing.assert_close(b.is_weights_BR[m], expect.expand(int(m.sum())), atol=1e-4, rtol=0)
-    assert rec["rollout/logprob_diff_mean"] == pytest.approx(SHIFT, abs=1e-4)
+    log_w = -shift if level == "token" else -shift.sum(-1, keepdim=True).expand_as(shift)
+    expect = torch.exp(log_w).clamp(max=1.5)
+    assert bool((expect[m] == 1.5).any()) and bool((expect[m] < 1.0).any())  # both sides seen
+    torch.testing.assert_close(b.is_weights_BR[m], expect[m], atol=2e-4, rtol=1e-4)
+    assert bool((b.is_weights_BR[~m] == 1.0).all())
+    assert rec["rollout/is_weight_truncated_frac"] > 0
 
 
 def test_the_update_pass_pi_old_equals_a_separate_recompute(make_train_config, tmp_path):
     """The free path (π_old read off the update's first pass, weights applied there) and the
     explicit one (a no-grad pass, then weights) give the same update."""
     trainer = Trainer(make_train_config(steps=1, out=tmp_path / "e"))
-    seen = _other_numerics(trainer)
+    seen, _ = _other_numerics(trainer)
     trainer.actor.update = lambda batch: seen.append(batch) or {}  # collect, do not train
     trainer.train_step(1)
     batch = seen[0]
@@ -130,7 +147,9 @@ def test_the_update_pass_pi_old_equals_a_separate_recompute(make_train_config, t
         ({}, False, False, "update"),
         ({}, True, False, "rollout"),  # asynchronous batches: the behaviour policy's
         ({"algorithm.rollout_correction.bypass_mode": "true"}, False, False, "rollout"),
-        ({}, False, True, "trainer"),  # the mixture or a KL metric reads π_old first
+        ({}, False, True, "trainer"),  # the mixture reads π_old before the update
+        ({"actor_rollout_ref.actor.use_kl_loss": "true"}, False, False, "update"),
+        ({"actor_rollout_ref.model.lora_dropout": 0.1}, False, False, "trainer"),
         ({"actor_rollout_ref.actor.ppo_epochs": 2}, False, False, "trainer"),
         ({"data.train_batch_size": 4}, False, False, "trainer"),  # two mini-batches
         ({"algorithm.adv_estimator": "gae"}, False, False, "trainer"),

@@ -20,11 +20,9 @@ from __future__ import annotations
 
 import torch
 
-from toolgrpo.algos.importance import importance_log_ratio, truncated_is_weights
+from toolgrpo.algos.importance import IS_LEVELS, importance_log_ratio, truncated_is_weights
 
-__all__ = ["ROLLOUT_IS_LEVELS", "mismatch_metrics", "rollout_is_weights", "rollout_is_stats"]
-
-ROLLOUT_IS_LEVELS = ("token", "sequence")
+__all__ = ["mismatch_metrics", "rollout_is_weights", "rollout_is_stats"]
 
 
 def mismatch_metrics(
@@ -59,7 +57,7 @@ def rollout_is_weights(
 ) -> torch.Tensor:
     """Detached weights min(π_trainer/π_rollout, C), per token or per sequence (the product of
     a row's token ratios, broadcast); 1 where ``mask`` is 0."""
-    if level not in ROLLOUT_IS_LEVELS:
+    if level not in IS_LEVELS:
         raise ValueError(f"unknown rollout_is level {level!r}; known: token, sequence")
     log_ratio = importance_log_ratio(trainer_logprobs_BT, rollout_logprobs_BT, mask_BT)
     return truncated_is_weights(log_ratio, mask_BT, level, threshold)

@@ -109,15 +109,20 @@ def paired_values(before: Mapping[str, float], after: Mapping[str, float]) -> di
 
 def load_single_turn(path: Path, field: str = "total") -> dict[str, float]:
     """task id → one number (``total`` reward, ``format``, ``correctness``; ``format_ok`` and
-    ``exact_call`` as 0/1) from a single-turn ``toolgrpo eval`` JSON that kept every sample."""
+    ``exact_call`` as 0/1), averaged over a task's samples, from a single-turn ``toolgrpo eval``
+    JSON that kept every sample."""
     record = json.loads(Path(path).read_text())
     samples = record.get("samples", [])
-    if len(samples) < record.get("num_tasks", 0):
+    want = record.get("num_samples", record.get("num_tasks", 0))
+    if len(samples) < want:
         raise IncompleteEval(
-            f"{path} keeps {len(samples)} samples of {record['num_tasks']} tasks: "
-            "re-run toolgrpo eval with --samples at least the number of tasks"
+            f"{path} keeps {len(samples)} samples of {want}: "
+            "re-run toolgrpo eval with --samples at least the number it draws"
         )
-    return {s["task_id"]: float(s[field]) for s in samples}
+    by_task: dict[str, list[float]] = defaultdict(list)
+    for s in samples:
+        by_task[s["task_id"]].append(float(s[field]))
+    return {t: fmean(v) for t, v in by_task.items()}
 
 
 def format_rows(result: Mapping[str, Mapping[str, Any]]) -> list[str]:

@@ -271,8 +271,7 @@ class Actor:
         scale = float(
             self.cfg.data.max_response_length
         )  # Dr.GRPO's constant, not the trimmed width
-        low = acfg.clip_ratio_low if acfg.clip_ratio_low is not None else acfg.clip_ratio
-        high = acfg.clip_ratio_high if acfg.clip_ratio_high is not None else acfg.clip_ratio
+        low, high = rollout_correction.clip_band(self.cfg)
         is_w = {} if weights is None else {"is_weights_BT": weights}
         pg, pm = get_policy_loss(acfg.policy_loss.loss_mode)(
             old,

@@ -11,7 +11,12 @@ Three sources of π_old:
   something that reads π_old before the update: GAE values, KL, the mixture's weights).
 
 The mismatch is measured in every mode: on the whole batch with ``trainer`` and ``update``, on
-the update's first mini-batch with ``rollout`` (the only pass that runs at θ_old).
+the update's first mini-batch with ``rollout`` (the only pass that runs at θ_old; for
+asynchronous batches it then includes their staleness).
+
+With top-k / top-p sampling the sampler's log-probs are those of the truncated distribution q it
+drew from, so the weights are π_old/q (the kept mass, ≤ 1: the importance correction for drawing
+from q) and the mismatch metrics include the truncation, not only the kernels.
 """
 
 from __future__ import annotations
@@ -23,8 +28,6 @@ from toolgrpo.config.schema import TrainConfig
 from toolgrpo.mixture.schedule import ACTOR
 from toolgrpo.trainer.batch import Batch
 
-OLD_SOURCES = ("rollout", "update", "trainer")
-
 
 def old_logprob_source(cfg: TrainConfig, behaviour: bool, reads_old_first: bool) -> str:
     """``rollout``, ``update`` or ``trainer`` (above). ``reads_old_first``: something needs π_old
@@ -34,8 +37,10 @@ def old_logprob_source(cfg: TrainConfig, behaviour: bool, reads_old_first: bool)
         return "rollout"
     a = cfg.actor_rollout_ref.actor
     one_pass = a.ppo_epochs == 1 and a.ppo_mini_batch_size >= cfg.data.train_batch_size
+    # LoRA dropout makes the update's pass (train mode) a noisy draw of π_old, not π_old itself
+    exact = one_pass and cfg.actor_rollout_ref.model.lora_dropout == 0
     before = reads_old_first or alg.adv_estimator == "gae" or alg.use_kl_in_reward
-    return "update" if one_pass and not before else "trainer"
+    return "update" if exact and not before else "trainer"
 
 
 def actor_tokens(batch: Batch) -> torch.Tensor:
@@ -47,6 +52,7 @@ def actor_tokens(batch: Batch) -> torch.Tensor:
 
 
 def clip_band(cfg: TrainConfig) -> tuple[float, float]:
+    """PPO's (ε_low, ε_high): ``clip_ratio_low`` / ``_high``, each defaulting to ``clip_ratio``."""
     a = cfg.actor_rollout_ref.actor
     low = a.clip_ratio_low if a.clip_ratio_low is not None else a.clip_ratio
     high = a.clip_ratio_high if a.clip_ratio_high is not None else a.clip_ratio
@@ -54,16 +60,19 @@ def clip_band(cfg: TrainConfig) -> tuple[float, float]:
 
 
 def measure(
-    cfg: TrainConfig, trainer_lp_BR: torch.Tensor, batch: Batch, rows_B: torch.Tensor | None = None
+    cfg: TrainConfig,
+    trainer_lp_BR: torch.Tensor,
+    batch: Batch,
+    rows_B: torch.Tensor | None = None,
 ) -> dict[str, float]:
     """Mismatch metrics of the actor's tokens (``rows_B``: only these rows were measured), and,
-    when π_old is the trainer's, the weights' statistics."""
+    when π_old is the trainer's (``batch.old_source`` not ``rollout``), the weights' statistics."""
     mask = actor_tokens(batch)
     if rows_B is not None:
         mask = mask * rows_B.to(mask.dtype).unsqueeze(-1)
     out = mismatch_metrics(trainer_lp_BR, batch.rollout_logprobs_BR, mask, *clip_band(cfg))
     rc = cfg.algorithm.rollout_correction
-    if rc.rollout_is and not rc.bypass_mode:
+    if rc.rollout_is and batch.old_source != "rollout":
         w = rollout_is_weights(
             trainer_lp_BR, batch.rollout_logprobs_BR, mask, rc.rollout_is, rc.rollout_is_threshold
         )

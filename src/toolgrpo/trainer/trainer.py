@@ -49,7 +49,6 @@ from toolgrpo.trainer.metrics import NoSignalWatch, batch_metrics, negative_metr
 from toolgrpo.trainer.parallel import actor_policy, open_tracker, push_weights
 from toolgrpo.trainer.replay import AsyncRollout
 from toolgrpo.trainer.resume import prepare_output_dir
-from toolgrpo.trainer.rollout_correction import old_logprob_source
 from toolgrpo.trainer.rollout_dump import make_dumper
 from toolgrpo.trainer.rollout_stage import Rolled, RolloutStage
 from toolgrpo.trainer.sampler import TaskSampler
@@ -277,8 +276,9 @@ class Trainer(RolloutStage):
         for GAE. ``batch.old_source`` says which; the update measures the mismatch unless it
         was measured here."""
         gae = self.cfg.algorithm.adv_estimator == "gae"
-        reads_first = self.mixture is not None or self.actor.needs_ref
-        source = old_logprob_source(self.cfg, behaviour, reads_first)
+        source = rollout_correction.old_logprob_source(
+            self.cfg, behaviour, self.mixture is not None
+        )
         batch.old_source = source
         metrics: dict[str, float] = {
             "actor/old_logprob_reused": float(source == "rollout"),
@@ -302,7 +302,9 @@ class Trainer(RolloutStage):
         if self.actor.needs_ref:
             a = self.cfg.actor_rollout_ref.actor
             batch.ref_logprobs_BR, _ = self.actor.compute_logprobs(batch, reference=True)
-            kl = kl_penalty(batch.old_logprobs_BR, batch.ref_logprobs_BR, a.kl_loss_type)
+            # the metric only: with π_old still to come from the update, the sampler's stand in
+            old = batch.old_logprobs_BR if source != "update" else batch.rollout_logprobs_BR
+            kl = kl_penalty(old, batch.ref_logprobs_BR, a.kl_loss_type)
             metrics["actor/kl"] = float(masked_mean(kl, batch.response_mask_BR))
         else:
             metrics["actor/kl"] = 0.0  # no reference policy: KL is off
