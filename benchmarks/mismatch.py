@@ -3,9 +3,9 @@
 Each arm builds the main job's trainer (``configs/agent_smollm2_grpo.yaml``) with its dtype and
 rollout overrides, plays step 1's episodes (8 tasks × n=4, the same tasks in every arm), and
 scores the sampled tokens with the trainer's own no-grad pass. The table gives the mismatch
-metrics every training step logs (``toolgrpo.algos.mismatch``) and the trainer's times for a
-log-prob pass and for one update on that batch, so the cost of fp32 training shows beside what it
-buys. Arms (``--arms``):
+metrics every training step logs (``toolgrpo.algos.mismatch``); the JSON also keeps the trainer's
+times for a log-prob pass and for one update on that batch (comparable only when the arms ran
+alone; ``--note`` records how the machine was loaded). Arms (``--arms``):
 
 - ``vllm_bf16``: vLLM in bf16, trainer in bf16 (``dtype: auto`` on an AVX512-BF16 CPU);
 - ``vllm_bf16_fp32``: vLLM in bf16, trainer in fp32;
@@ -123,15 +123,8 @@ def plot(rows: list[dict], path: Path) -> None:
     a1.bar(names, [r["rollout/logprob_diff_mean"] for r in rows])
     a1.set_yscale("log")
     a1.set_title("mean |log π_trainer − log π_rollout| (nats)")
-    a2.bar(names, [r["update_s"] for r in rows], label="update")
-    a2.bar(
-        names,
-        [r["logprob_pass_s"] for r in rows],
-        bottom=[r["update_s"] for r in rows],
-        label="log-prob pass",
-    )
-    a2.set_title("trainer seconds on one main-job batch")
-    a2.legend()
+    a2.bar(names, [100 * r["rollout/mismatch_frac_outside_clip"] for r in rows])
+    a2.set_title("% of sampled tokens outside PPO's clip band")
     for ax in (a1, a2):
         ax.tick_params(axis="x", rotation=20)
     fig.tight_layout()
@@ -144,11 +137,20 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--work", type=Path, default=ROOT / "outputs" / "mismatch")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "mismatch")
     ap.add_argument("--one", help=argparse.SUPPRESS)  # internal: run this arm here
+    ap.add_argument("--note", default="", help="how the machine was loaded, kept in the JSON")
+    ap.add_argument("--report", action="store_true", help="re-plot the JSON; run nothing")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args(argv)
     if args.one:
         row = run_arm(args.one, args.overrides, args.work / args.one)
         (args.work / f"{args.one}.json").write_text(json.dumps(row, indent=1))
+        return
+    if args.report:
+        result = json.loads(args.out.with_suffix(".json").read_text())
+        if args.note:
+            result["note"] = args.note
+            args.out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
+        plot(result["arms"], args.out.with_suffix(".png"))
         return
     args.work.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -171,7 +173,12 @@ def main(argv: list[str]) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from main_job_seeds import machine
 
-    result = {"config": str(CONFIG.relative_to(ROOT)), "arms": rows, "machine": machine()}
+    result = {
+        "config": str(CONFIG.relative_to(ROOT)),
+        "arms": rows,
+        "machine": machine(),
+        "note": args.note,
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
     plot(rows, args.out.with_suffix(".png"))
