@@ -226,7 +226,10 @@ def test_lora_grpo_uses_adapter_disabled_model_as_reference(
         ).logprobs_BR
     m = b["response_mask_BR"].bool()
     torch.testing.assert_close(b["ref_logprobs_BR"][m], ref[m], rtol=0, atol=1e-4)
-    assert (b["old_logprobs_BR"][m] - ref[m]).abs().max() > 1e-5  # the actor has moved
+    # the actor has moved: its samples' log-probs (π_old comes from the update's own pass, so
+    # the batch holds the sampler's, equal to the trainer's in fp32) are not the reference's
+    assert b["old_source"] == "update"
+    assert (b["rollout_logprobs_BR"][m] - ref[m]).abs().max() > 1e-5
     # and the adapter is enabled again after the reference pass
     assert trainer.policy.model.active_adapters == ["default"]
 
