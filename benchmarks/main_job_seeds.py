@@ -5,7 +5,8 @@ For each seed, ``toolgrpo train configs/agent_smollm2_grpo.yaml trainer.seed=S``
 changed; the task order follows the seed), then the final checkpoint is scored with
 ``toolgrpo eval`` on all 300 held-out calculator/search/direct tasks and on ToolRL's 80 RLLA
 test tasks (single-turn, another format: the forgetting check), each paired by task with the
-warm start. Finished pieces are reused, so an interrupted run resumes where it stopped.
+warm start. Finished pieces are reused, so an interrupted run resumes where it stopped; one
+``--work`` holds one setting (its overrides are kept in ``overrides.json`` and checked).
 
     python benchmarks/main_job_seeds.py --seeds 0 1 2            # ~35 min a seed on 2 cores
     python benchmarks/main_job_seeds.py --seeds 0 1 2 --report   # only re-read what is there
@@ -135,7 +136,13 @@ def summarize(work: Path, seeds: list[int]) -> dict:
         )
         for t in before.keys() & after.keys():
             per_task.setdefault(t, []).append(after[t].success - before[t].success)
-    out: dict = {"config": str(CONFIG.relative_to(ROOT)), "steps": STEPS, "seeds": rows}
+    extra = work / "overrides.json"  # what every training run of this --work added
+    out: dict = {
+        "config": str(CONFIG.relative_to(ROOT)),
+        "overrides": json.loads(extra.read_text()) if extra.is_file() else [],
+        "steps": STEPS,
+        "seeds": rows,
+    }
     if rows:
         # Two sources of error in the mean gain: which tasks (SE over tasks of each task's gain
         # averaged over seeds) and which seeds (SE of the seeds' gains, a shift shared by all
@@ -201,7 +208,13 @@ def main(argv: list[str]) -> None:
     work = args.work
     work.mkdir(parents=True, exist_ok=True)
     log = work / "log.txt"
+    extra = work / "overrides.json"
     if not args.report:
+        if extra.is_file() and json.loads(extra.read_text()) != args.overrides:
+            raise SystemExit(
+                f"{work} holds runs with other overrides ({extra}): use another --work"
+            )
+        extra.write_text(json.dumps(args.overrides))
         evaluate(work, "warmstart", None, log)
         for s in args.seeds:
             ck = run_seed(work, s, args.overrides, log)

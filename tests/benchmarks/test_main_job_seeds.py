@@ -1,0 +1,64 @@
+"""benchmarks/main_job_seeds.py: per-seed paired gains and the pooled SE, on hand-made eval files
+shaped like ``toolgrpo eval``'s JSON (episodes for the held-out set, samples for RLLA)."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+from statistics import fmean, stdev
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from main_job_seeds import summarize  # noqa: E402
+
+TYPES = ("calculator", "search")
+
+
+def _env(path: Path, solved: set[int], n: int = 20) -> None:
+    samples = [
+        {
+            "task_id": f"t{i}",
+            "task_type": TYPES[i % 2],
+            "reward": 1.0 if i in solved else 0.0,
+            "tool_errors": {},
+        }
+        for i in range(n)
+    ]
+    path.write_text(json.dumps({"num_episodes": n, "samples": samples}))
+
+
+def _rlla(path: Path, totals: list[float]) -> None:
+    samples = [{"task_id": f"r{i}", "total": t} for i, t in enumerate(totals)]
+    path.write_text(json.dumps({"num_tasks": len(totals), "samples": samples}))
+
+
+def test_gains_are_paired_by_task_and_the_pooled_se_adds_both_sources(tmp_path):
+    _env(tmp_path / "eval_env_warmstart.json", {0, 1, 2, 3})
+    _env(tmp_path / "eval_env_seed_0.json", {0, 1, 2, 3, 4, 5, 6, 7})  # +4 of 20
+    _env(tmp_path / "eval_env_seed_1.json", {1, 2, 3, 8})  # one lost, one gained
+    _rlla(tmp_path / "eval_rlla_warmstart.json", [0.0, 1.0, -1.0, 2.0])
+    _rlla(tmp_path / "eval_rlla_seed_0.json", [0.0, 0.0, -1.0, 2.0])
+    _rlla(tmp_path / "eval_rlla_seed_1.json", [1.0, 1.0, -1.0, 2.0])
+    (tmp_path / "overrides.json").write_text('["actor_rollout_ref.actor.optim.lr=5e-5"]')
+    out = summarize(tmp_path, [0, 1, 2])  # seed 2 has no evals yet: left out
+    s0, s1 = out["seeds"]
+    assert (s0["seed"], s0["gain"], s0["up"], s0["down"]) == (0, 20.0, 4, 0)
+    assert (s1["seed"], s1["gain"], s1["up"], s1["down"]) == (1, 0.0, 1, 1)
+    assert s0["rlla_diff"] == -0.25 and s1["rlla_diff"] == 0.25
+    assert out["overrides"] == ["actor_rollout_ref.actor.optim.lr=5e-5"]
+    # each task's gain averaged over the two seeds, then the SE over the 20 tasks
+    per_task = [0.0] * 20
+    for i in (4, 5, 6, 7, 8):
+        per_task[i] += 0.5
+    per_task[0] -= 0.5
+    se_tasks = 100 * stdev(per_task) / math.sqrt(20)
+    se_seeds = stdev([20.0, 0.0]) / math.sqrt(2)
+    p = out["pooled"]
+    assert math.isclose(p["gain"], 100 * fmean(per_task)) and math.isclose(p["gain"], 10.0)
+    assert math.isclose(p["se_over_tasks"], se_tasks)
+    assert math.isclose(p["se_between_seeds"], se_seeds)
+    assert math.isclose(p["se"], math.hypot(se_tasks, se_seeds))
+    assert p["seeds"] == 2 and p["tasks"] == 20
