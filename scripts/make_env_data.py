@@ -1,10 +1,11 @@
-"""Regenerate the shipped calculator, search and direct task data (seeded: same seed, same bytes).
+"""Regenerate the shipped environment task data (seeded: same seed, same bytes).
 
     python scripts/make_env_data.py [--out src/toolgrpo/data/envs] [--seed 0]
 
 Calculator tasks are checked against the environment's own tools; search questions are checked
 to have their answer in the supporting document of the generated fictional corpus; direct
-questions (``env_data_direct``) carry everything needed to answer them.
+questions (``env_data_direct``) carry everything needed to answer them; arith_mixed questions
+(``env_data_arith``) need the calculator for half of them, and say which.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
+from env_data_arith import write_arith_mixed
 from env_data_direct import direct_rows
 from env_data_search import N_TEST, N_TRAIN, row, search_world
 
@@ -198,6 +200,7 @@ def main(argv: list[str] | None = None) -> None:
     train, test = split(direct_rows(args.seed, N_TRAIN + N_TEST), args.seed)
     write_jsonl(args.out / "direct_train.jsonl", train)
     write_jsonl(args.out / "direct_test.jsonl", test)
+    write_arith_mixed(args.out, args.seed)
     print(f"wrote {args.out}")
 
 

@@ -121,6 +121,8 @@ def row_to_task(row: Any, source: str, index: int) -> Task:
             "split": extra.get("split"),
             "row": index,
             **({"output_sft": extra["output_sft"]} if "output_sft" in extra else {}),
+            # arith_mixed's label: whether the task needs a tool (what a router is scored against)
+            **({"needs_tool": extra["needs_tool"]} if "needs_tool" in extra else {}),
         },
     )
 
@@ -173,7 +175,7 @@ def _embedded_rows(name: str) -> Iterator[dict[str, Any] | Exception]:
 
 
 # Generated environment tasks shipped in toolgrpo/data/envs (scripts/make_env_data.py).
-ENV_DATASETS = ("calculator", "search", "direct")
+ENV_DATASETS = ("calculator", "search", "direct", "arith_mixed")
 
 
 def _embedded_env_rows(env: str, name: str) -> Iterator[dict[str, Any] | Exception]:

@@ -7,7 +7,8 @@ Config (``actor_rollout_ref.rollout.multi_turn.envs``), one entry per task type:
     my_remote:  {type: remote, url: "ws://127.0.0.1:8900", max_turns: 6}
 
 ``type`` defaults to the task type's own name; every other key except ``max_turns`` is passed to
-the environment's factory as an option.
+the environment's factory as an option. A factory with a ``validate_options(options)``
+attribute has its options checked when the router is built (at startup, not per episode).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ _BUILTIN = {
     "calculator": "toolgrpo.envs.calculator",
     "search": "toolgrpo.envs.search",
     "direct": "toolgrpo.envs.direct",
+    "arith_mixed": "toolgrpo.envs.arith_mixed",
     "bfcl_multi_turn": "toolgrpo.envs.bfcl",
     "remote": "toolgrpo.envs.remote",
     "mcp": "toolgrpo.envs.mcp",  # needs the extra toolgrpo[mcp]
@@ -74,6 +76,7 @@ DEFAULT_SPECS = {
     "calculator": EnvSpec("calculator", 4),
     "search": EnvSpec("search", 4),
     "direct": EnvSpec("direct", 2),  # no tools: one answer (a second turn after a stray call)
+    "arith_mixed": EnvSpec("arith_mixed", 4),
     # Up to 8 user turns, each needing a call turn and an answer turn.
     "bfcl_multi_turn": EnvSpec("bfcl_multi_turn", 20),
 }
@@ -92,7 +95,10 @@ class EnvRouter:
             )
             if max_turns < 1:
                 raise EnvConfigError(f"envs.{task_type}.max_turns must be >= 1, got {max_turns}")
-            get_env_factory(env_type)  # fail at startup, not mid-run
+            factory = get_env_factory(env_type)  # fail at startup, not mid-run
+            validate = getattr(factory, "validate_options", None)
+            if validate is not None:
+                validate(opts)
             self.specs[task_type] = EnvSpec(env_type, max_turns, opts)
 
     def spec(self, task_type: str) -> EnvSpec:
