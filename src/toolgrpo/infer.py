@@ -59,7 +59,7 @@ def run_infer(
     if sample:
         params = replace(params, do_sample=True, temperature=r.temperature, top_p=r.top_p)
     console = console or Console()
-    choice, condition = route_for_infer(cfg, policy, task, checkpoint, sample, route)
+    choice, condition = route_for_infer(cfg, policy, task, checkpoint, sample, route, router)
     if choice is not None:
         console.print(describe(choice))
     gen = HFGenerator(policy.model, policy.tokenizer, policy.dtype, 1)

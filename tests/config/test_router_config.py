@@ -28,9 +28,10 @@ def test_defaults_are_valid_and_off():
         (["router.pooling=max"], "router.pooling='max'"),
         (["router.lm_reward=both"], "router.lm_reward='both'"),  # issue 18
         (["router.lagrangian=adv"], "router.lagrangian='adv'"),
+        (["router.infer_mode=greedy"], "router.infer_mode='greedy' is not one of auto, threshold"),
         (
             ["router.enable=true", "router.lagrangian=advantage", "algorithm.adv_estimator=gae"],
-            "router.lagrangian=advantage normalises cost within GRPO groups",
+            "router.lagrangian=advantage centres cost within GRPO groups",
         ),
         (["router.cost.mode=tokens"], "router.cost.mode='tokens'"),
         (["router.budget=1.5"], r"router.budget=1.5 must lie in \[0, 1\]"),

@@ -143,8 +143,8 @@ def test_eval_checks_before_loading_the_model(tiny_model_dir, env_val_file, tmp_
 def test_routed_eval_of_a_router_checkpoint_agrees_with_validation(
     tiny_model_dir, env_val_file, tmp_path
 ):
-    """A checkpoint with a router head: eval plays each task under the head's argmax route, as
-    validation now does, and both report the same numbers (route shares included)."""
+    """A checkpoint with a router head: eval plays each task under the head's routes as
+    validation does, and both report the same numbers (route shares included)."""
     ov = _overrides(tiny_model_dir, env_val_file, tmp_path / "run")
     ov += ["router.enable=true", "router.freeze_lm=true", "data.max_samples=-1"]
     trainer = Trainer(load_config(TrainConfig, None, ov))
@@ -175,11 +175,21 @@ def test_routed_eval_of_a_router_checkpoint_agrees_with_validation(
     assert set(sel) == {
         "router",
         "router_sampled",
+        "router_argmax",
+        "router_threshold",
         "always_answer",
         "always_family",
         "best_in_hindsight",
     }
     assert res["routing"]["budget"] == pytest.approx(0.3)
+    # The budget binds (B = 0.3 < 1): the headline is the sampled policy, the argmax has its own
+    # name, and the threshold (calibrated on these tasks: the checkpoint was saved before any
+    # validation) spends at most B (unless even ANSWER everywhere spent more: τ = ∞ then).
+    assert res["routing"]["headline"] == "router_sampled" and sel["router"] == sel["router_sampled"]
+    answer_cost = sel["always_answer"]["all"]["cost_mean"]
+    assert res["routing"]["threshold"]["feasible"] == (answer_cost <= 0.3 + 1e-9)
+    assert sel["router_threshold"]["all"]["cost_mean"] <= max(0.3, answer_cost) + 1e-9
+    assert res["routing"]["threshold"]["source"].startswith("calibrated on these tasks")
     for t in ("calculator", "search", "direct", "all"):
         assert sel["router"][t]["cost_minus_budget"] == pytest.approx(
             sel["router"][t]["cost_mean"] - 0.3

@@ -64,3 +64,28 @@ def test_shared_optimizer_steps_only_the_head():
     assert any(not torch.equal(b, p) for b, p in zip(before, after, strict=True))
     with pytest.raises(ValueError, match="shares the actor's optimizer"):
         RouterPolicy(lm, ["ANSWER", "SEARCH"], lr=None)
+
+
+def test_a_middle_layer_is_read_when_asked(tiny_model_dir):
+    policy = load_policy(ModelConfig(path=str(tiny_model_dir), dtype="float32"), trainable=False)
+    pad = policy.tokenizer.pad_token_id
+    ids = [[5, 6, 7, 8], [9, 10]]
+    final = prompt_features(policy.base, ids, pad, "last")
+    assert torch.allclose(final, prompt_features(policy.base, ids, pad, "last", layer=-1))
+    first = prompt_features(policy.base, ids, pad, "last", layer=1)
+    with torch.no_grad():
+        ref = policy.base.get_decoder()(
+            input_ids=torch.tensor([ids[0]]), output_hidden_states=True
+        ).hidden_states[1][0, -1]
+    assert torch.allclose(first[0], ref.float(), atol=1e-5)
+    assert not torch.allclose(first, final)
+
+
+def test_a_head_trained_on_other_inputs_is_refused():
+    lm = SimpleNamespace(base=SimpleNamespace(config=SimpleNamespace(hidden_size=4)))
+    saved = RouterPolicy(lm, ["ANSWER", "SEARCH"], feature_layer=2).state_dict()
+    with pytest.raises(ValueError, match="feature_layer=2"):
+        RouterPolicy(lm, ["ANSWER", "SEARCH"]).load_state_dict(saved)
+    saved = RouterPolicy(lm, ["ANSWER", "SEARCH"], inputs="question").state_dict()
+    with pytest.raises(ValueError, match="inputs='question'"):
+        RouterPolicy(lm, ["ANSWER", "SEARCH"]).load_state_dict(saved)

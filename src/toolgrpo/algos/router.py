@@ -25,7 +25,7 @@ def router_advantages(
     return adv_B1[:, 0].float()
 
 
-LAGRANGIAN_MODES = ("reward", "advantage")
+LAGRANGIAN_MODES = ("price", "reward", "advantage")
 
 
 def group_z(
@@ -49,6 +49,36 @@ def group_z(
     return out
 
 
+def reward_spread(task_B: torch.Tensor, uids: Sequence[Hashable], eps: float = 1e-6) -> float:
+    """The batch's within-group spread of task reward: the std over rows of r − mean_group(r).
+    1 when every group ties (no reward signal to scale by; λ·cost then stays in reward units)."""
+    dev = group_z(task_B, uids, norm_by_std=False)
+    spread = float(dev.std()) if dev.numel() > 1 else 0.0
+    return spread if spread > eps else 1.0
+
+
+def price_advantages(
+    task_B: torch.Tensor,
+    cost_B: torch.Tensor,
+    lam: float,
+    uids: Sequence[Hashable],
+    is_negative_B: Sequence[bool] | None = None,
+) -> torch.Tensor:
+    """A = [(r − λ·c) − mean_group(r − λ·c)] / s, with s the batch's within-group task-reward
+    spread (``reward_spread``). Centring within the group keeps each task's own gain per tool
+    call (a task where a tool adds +0.9 outranks one where it adds +0.1); one scale for the whole
+    batch keeps λ a price in reward per unit cost, the same in every group; and a group whose task
+    rewards tie gets −λ·(c − c̄)/s, a push in proportion to λ, not a unit-size one."""
+    flags = list(is_negative_B) if is_negative_B is not None else [False] * task_B.shape[0]
+    real = [i for i, neg in enumerate(flags) if not neg]
+    out = torch.zeros(task_B.shape[0], dtype=torch.float32)
+    if real:
+        ids = [uids[i] for i in real]
+        centred = group_z(router_rewards(task_B[real], cost_B[real], lam), ids, norm_by_std=False)
+        out[real] = centred / reward_spread(task_B[real].float(), ids)
+    return out
+
+
 def lagrangian_advantages(
     task_B: torch.Tensor,
     cost_B: torch.Tensor,
@@ -59,11 +89,15 @@ def lagrangian_advantages(
 ) -> torch.Tensor:
     """One advantage per rollout under the budget's Lagrangian.
 
-    ``reward``: A = Z(r_task − λ·cost), the Lagrangian in the reward. ``advantage``:
-    A = Z(r_task) − λ·Z(cost), task reward and cost normalised separately in each group. Under
-    std normalisation the first rescales λ·cost by each group's reward spread (a group of
-    near-equal rewards makes the same λ weigh far more), so λ means something different in every
-    group; the second keeps λ the exchange rate between two unit-scale signals."""
+    ``price`` (``price_advantages``): r_task − λ·cost centred within the group, over the batch's
+    reward spread; ``norm_by_std`` does not apply. ``reward``: A = Z(r_task − λ·cost), the
+    Lagrangian in the reward. ``advantage``: A = Z(r_task) − λ·Z(cost), task reward and cost
+    normalised separately in each group. Under std normalisation the first rescales λ·cost by
+    each group's reward spread (a group of near-equal rewards makes the same λ weigh far more),
+    so λ means something different in every group; the second keeps λ the exchange rate between
+    two unit-scale signals, and both erase how much a tool adds to one task against another."""
+    if mode == "price":
+        return price_advantages(task_B, cost_B, lam, uids)
     if mode == "reward":
         return router_advantages(router_rewards(task_B, cost_B, lam), uids, norm_by_std)
     if mode == "advantage":

@@ -6,6 +6,8 @@ An example (defaults are in ``RouterConfig``)::
       enable: true
       routes: [ANSWER, SEARCH, CALCULATE]  # what the head chooses among (a subset is allowed)
       pooling: last          # last | mean: the prompt representation
+      inputs: opening        # opening (system prompt + tools + question) | question
+      feature_layer: -1      # the LM hidden state the head reads (-1 = final, k = block k)
       freeze_lm: true        # router-only training: the LM takes no update
       lr: 1.0                # the head's own SGD; null = a param group in the actor's optimizer
       budget: 0.3            # B: average tool cost per example
@@ -15,8 +17,9 @@ An example (defaults are in ``RouterConfig``)::
       update_every: 1        # K: steps per dual step
       cost: {mode: any, c_search: 1.0, c_calc: 1.0, c_other: 1.0, max_calls: 4}
       lm_reward: lagrangian  # the LM trains on r_task − λ·cost too (task: on r_task alone)
-      lagrangian: advantage  # advantage: Z(r_task) − λ·Z(cost) | reward: Z(r_task − λ·cost)
+      lagrangian: price      # price: centred r_task − λ·cost | reward | advantage (see below)
       eval_baselines: true   # eval and validation also play every task under every route
+      infer_mode: auto       # toolgrpo infer: threshold (budget binds) | argmax | sample
       families_file: ""      # sidecar {tool: SEARCH|CALCULATE|OTHER} overriding the heuristic
       label_file: ""         # weak labels from ``toolgrpo label``; label_coeff weighs them
 
@@ -34,8 +37,12 @@ from toolgrpo.router.routes import ROUTES, UnknownRoute, check_name
 
 COST_MODES = ("any", "family", "calls")
 POOLINGS = ("last", "mean")
+FEATURE_INPUTS = ("opening", "question")  # router.inputs.FEATURE_INPUTS
 LM_REWARDS = ("lagrangian", "task")
-LAGRANGIANS = ("reward", "advantage")
+LAGRANGIANS = ("price", "reward", "advantage")
+# How a trained head picks one route per prompt at inference (toolgrpo infer): ``auto`` is
+# ``threshold`` when the budget binds (budget < max cost), else ``argmax``.
+INFER_MODES = ("auto", "threshold", "argmax", "sample")
 
 
 @dataclass
@@ -63,6 +70,10 @@ class RouterConfig:
     enable: bool = False
     routes: list[str] = field(default_factory=lambda: list(ROUTES))
     pooling: str = "last"
+    # What the head reads: ``opening`` = the prompt the episode opens with before a route rewrites
+    # it (system prompt, tool list, question); ``question`` = the task's own messages only.
+    inputs: str = "opening"
+    feature_layer: int = -1  # the LM hidden state it reads: −1 final, 0 embeddings, k block k
     head_hidden: int = 0  # 0 = a linear head; > 0 = one tanh hidden layer of this width
     freeze_lm: bool = False
     # SGD on unit-norm features: one step moves a prompt's logits by about lr·advantage. None =
@@ -70,7 +81,8 @@ class RouterConfig:
     lr: float | None = 1.0
     grad_clip: float = 1.0
     entropy_coeff: float = 0.01
-    norm_adv_by_std: bool = True  # GRPO (True) or Dr.GRPO (False) advantages over r_router
+    # reward/advantage modes: GRPO (True) or Dr.GRPO (False) groups; ``price`` has its own scale.
+    norm_adv_by_std: bool = True
     budget: float = 0.3
     lambda_init: float = 0.0
     dual_lr: float = 0.1
@@ -88,14 +100,20 @@ class RouterConfig:
     # the same step), so the LM gains nothing by calling tools a route did not ask for; ``task``
     # = r_task alone (the LM then learns to call tools whatever the route says).
     lm_reward: str = "lagrangian"
-    # Where λ·cost enters: ``reward`` (A = Z(r_task − λ·cost)) or ``advantage``
-    # (A = Z(r_task) − λ·Z(cost), each normalised within the group); for the router and, with
-    # lm_reward=lagrangian, for the LM. ``advantage`` by default: under ``reward`` a group whose
-    # task rewards tie turns any λ > 0 into a unit-size push to ANSWER (docs/router.md).
-    lagrangian: str = "advantage"
+    # Where λ·cost enters, for the router and (lm_reward=lagrangian) the LM. ``price`` (default):
+    # A = [(r_task − λ·cost) − group mean] / s, s the batch's within-group reward spread, so each
+    # task keeps its own gain per tool call and λ is a price in reward per unit cost. ``reward``
+    # (A = Z(r_task − λ·cost), the design's rule) and ``advantage`` (Z(r_task) − λ·Z(cost))
+    # normalise by each group's std: a tied group turns any λ > 0 into a unit-size push to ANSWER
+    # under ``reward``, and both erase how much a tool adds per task (docs/router.md).
+    lagrangian: str = "price"
     # Routed eval and validation also play every task under every route: the fixed-route
     # baselines (always ANSWER, always the task's family, best route in hindsight); K× episodes.
     eval_baselines: bool = True
+    # The route ``toolgrpo infer`` plays: ``threshold`` (a tool route iff P(tool) >= the τ that
+    # validation calibrated to keep the budget; router/calibrate.py), ``argmax``, ``sample``, or
+    # ``auto`` (threshold when the budget binds, else argmax). docs/router.md, "Inference".
+    infer_mode: str = "auto"
 
 
 def max_cost(c: RouterCostConfig) -> float:
@@ -124,9 +142,17 @@ def check_router_config(cfg: Any) -> None:
         raise ConfigError(f"router.routes needs at least 2 distinct routes, got {rc.routes}")
     if rc.pooling not in POOLINGS:
         raise ConfigError(f"router.pooling={rc.pooling!r} is not one of {', '.join(POOLINGS)}")
+    if rc.inputs not in FEATURE_INPUTS:
+        raise ConfigError(f"router.inputs={rc.inputs!r} is not one of {', '.join(FEATURE_INPUTS)}")
+    if not isinstance(rc.feature_layer, int) or rc.feature_layer < -1:
+        raise ConfigError(
+            f"router.feature_layer must be -1 (the final state) or a block index >= 0, "
+            f"got {rc.feature_layer}"
+        )
     for key, value, allowed in (
         ("router.lm_reward", rc.lm_reward, LM_REWARDS),
         ("router.lagrangian", rc.lagrangian, LAGRANGIANS),
+        ("router.infer_mode", rc.infer_mode, INFER_MODES),
     ):
         if value not in allowed:
             raise ConfigError(f"{key}={value!r} is not one of {', '.join(allowed)}")
@@ -180,10 +206,10 @@ def check_router_config(cfg: Any) -> None:
     if cfg.async_training.enable:
         raise ConfigError("router.enable does not support async_training.enable yet")
     est = cfg.algorithm.adv_estimator
-    if rc.lm_reward == "lagrangian" and rc.lagrangian == "advantage" and not rc.freeze_lm:
+    if rc.lm_reward == "lagrangian" and rc.lagrangian != "reward" and not rc.freeze_lm:
         if est not in ("grpo", "dr_grpo"):
             raise ConfigError(
-                f"router.lagrangian=advantage normalises cost within GRPO groups, but "
+                f"router.lagrangian={rc.lagrangian} centres cost within GRPO groups, but "
                 f"algorithm.adv_estimator={est}: use grpo or dr_grpo, router.lagrangian=reward, "
                 "or router.lm_reward=task"
             )

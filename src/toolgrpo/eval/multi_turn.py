@@ -1,6 +1,7 @@
 """``toolgrpo eval`` for tasks played in environments: episodes with the trainer's own runner and
-environments (greedy by default), routed by a checkpoint's router head when it has one (argmax,
-``eval.routes``), scored by ``eval.episodes`` exactly as validation scores them.
+environments (greedy by default), routed by a checkpoint's router head when it has one
+(``eval.routed``: its sampled, argmax and threshold policies), scored by ``eval.episodes`` exactly
+as validation scores them.
 
 The command's episode branch, so it sits beside the CLI: it reuses ``trainer.episodes`` on purpose
 (the same runner as ``Trainer.validate``); nothing below the CLI imports this module."""
@@ -8,6 +9,7 @@ The command's episode branch, so it sits beside the CLI: it reuses ``trainer.epi
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Sequence
 from dataclasses import asdict
@@ -37,6 +39,7 @@ from toolgrpo.rewards.types import RllaFlags
 from toolgrpo.rollout.backends import backend_name, make_generator
 from toolgrpo.rollout.episode import Episode
 from toolgrpo.rollout.multi_turn import Condition
+from toolgrpo.router.calibrate import THRESHOLD_KEY, Threshold
 from toolgrpo.router.catalog import build_families
 from toolgrpo.router.infer import ROUTER_FILE, load_router
 from toolgrpo.router.runtime import RouteCondition
@@ -44,6 +47,8 @@ from toolgrpo.router.spec import SPEC_KEY, families_from_spec
 from toolgrpo.router.usage import CostModel
 from toolgrpo.trainer.episodes import EpisodeRunner, make_router
 from toolgrpo.trainer.rollout_dump import make_dumper
+
+log = logging.getLogger(__name__)
 
 
 def plays_episodes(cfg: TrainConfig, tasks: Sequence[Task]) -> bool:
@@ -98,6 +103,7 @@ def checkpoint_setup(
     """The checkpoint's head with the prompts it was trained with (``router.pt``'s saved
     families, ``family_tools_only`` and cost model; the config's for an older ``router.pt``)."""
     head, _ = load_router(cfg, policy, checkpoint)
+    head.read_tasks_with(envs, cfg.data.max_prompt_length)
     state = load_torch_file(Path(checkpoint) / ROUTER_FILE)
     spec = state.get(SPEC_KEY)
     rc = cfg.router
@@ -109,7 +115,7 @@ def checkpoint_setup(
         tools_only = bool(spec["family_tools_only"])
         cost = CostModel(**spec["cost"])
     budget = (state.get("budget") or {}).get("budget", rc.budget)
-    return RoutedSetup(
+    setup = RoutedSetup(
         head,
         lambda r: RouteCondition(r, families, tools_only),
         families,
@@ -117,7 +123,42 @@ def checkpoint_setup(
         float(budget),
         rc.eval_baselines,
         envs,
+        seed=cfg.trainer.seed,
+        threshold=Threshold.from_state(state.get(THRESHOLD_KEY)),
+        step=checkpoint_step(checkpoint),
     )
+    check_threshold(setup, checkpoint)
+    return setup
+
+
+def checkpoint_step(checkpoint: str) -> int:
+    """The training step a checkpoint was saved at (-1 when it does not say)."""
+    try:
+        state = json.loads((Path(checkpoint) / "trainer_state.json").read_text())
+        return int(state["global_step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return -1
+
+
+def check_threshold(setup: RoutedSetup, checkpoint: str) -> None:
+    """Warn when the checkpoint's τ is missing (eval then calibrates one on its own tasks, which
+    makes the threshold policy's numbers in-sample) or was fit to an earlier head."""
+    thr = setup.threshold
+    if thr is None:
+        log.warning(
+            "%s/%s has no calibrated threshold (saved before any validation, or by an older "
+            "toolgrpo): router_threshold uses a τ calibrated on these eval tasks (in-sample)",
+            checkpoint,
+            ROUTER_FILE,
+        )
+    elif thr.step >= 0 and setup.step >= 0 and thr.step != setup.step:
+        log.warning(
+            "%s: τ was calibrated at step %d's validation, the head is step %d's: save "
+            "checkpoints at validation steps (trainer.save_freq a multiple of test_freq)",
+            checkpoint,
+            thr.step,
+            setup.step,
+        )
 
 
 def evaluate_episodes(
@@ -246,7 +287,10 @@ def run_episode_eval(
             device=resolve_device(cfg.trainer.device),
         )
     if router_head(cfg, checkpoint):
-        print(f"routing each task with {checkpoint}'s router head (argmax)")
+        print(
+            f"routing each task with {checkpoint}'s router head (sampled, argmax and threshold "
+            "policies; the headline is the sampled one when the budget binds)"
+        )
     record = {
         "model": label,
         "val_files": list(cfg.data.val_files),

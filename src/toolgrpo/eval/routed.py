@@ -1,35 +1,62 @@
-"""Routed evaluation: every task under the router head's argmax route, and, beside it, the
+"""Routed evaluation: every task under the router head's routes and, beside them, the
 fixed-route baselines that say where the router sits between "no tools" and "always tools":
 always ANSWER, always the task's own tool family, and the best route per task in hindsight.
 
-With the baselines on, the router's *sampled* policy is reported too (``router_sampled``): each
-route's episodes weighted by the head's probability of that route for the task. That is the
-policy training ran and whose mean cost the budget constrains. A budgeted optimum is in general
-a mixture of routes, and its argmax can sit on either side of the budget (a head at 40 % ANSWER
-and 60 % tools on every prompt plays ANSWER everywhere under argmax).
+The router is reported as three policies (``eval.routed_report``): ``router_sampled`` (routes
+drawn from the head, as training ran it), ``router_argmax`` and ``router_threshold`` (a tool
+route iff P(tool) >= τ, ``router.calibrate``). The headline ``router`` is the sampled policy when
+the budget binds: training holds only its mean cost near B, and its argmax can sit on either
+side of the budget (a head at 40 % ANSWER and 30 % on each tool route, on every prompt, plays
+ANSWER everywhere under argmax). Without a binding budget the headline is the argmax.
 
-The baselines need every task played under every route; the router's own result is then read
-off those same episodes (its route's), so it costs nothing extra. Shared by ``toolgrpo eval``
-and in-training validation: both report the same numbers for the same head and tasks. Costs are
-the trainer's (``router.usage``), so cost vs budget here is what the budget constrained.
+With the baselines on (``router.eval_baselines``) every task is played under every route; each
+policy's numbers are read off those episodes (the sampled policy's as each route's result
+weighted by the head's probability of it). With them off, each task is played under ANSWER and
+its most probable tool route (the two routes a threshold chooses between; the argmax is one of
+them) and under a seeded draw from the head when that is a third route; the sampled policy is
+then that draw. Both ways every task's cost under ANSWER and under its tool route is known, so
+τ can be calibrated on these tasks (validation does, and stores it with the head).
+
+Shared by ``toolgrpo eval`` and in-training validation: both report the same numbers for the
+same head and tasks. Costs are the trainer's (``router.usage``), so cost vs budget here is what
+the budget constrained.
 """
 
 from __future__ import annotations
 
 import logging
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from statistics import fmean
 from typing import Any
 
+from toolgrpo.config.router import RouterCostConfig, max_cost
 from toolgrpo.data.task import Task
 from toolgrpo.envs.registry import EnvRouter
-from toolgrpo.eval.episodes import ALL, succeeded
-from toolgrpo.eval.routes import greedy_routes
+from toolgrpo.eval.routed_report import (
+    ARGMAX,
+    HEADLINE,
+    SAMPLED,
+    THRESHOLD,
+    expected_summary,
+    report_lines,
+    routed_metrics,
+    selection_summary,
+    tool_need_report,
+)
+from toolgrpo.eval.routes import greedy_routes, sampled_routes
 from toolgrpo.rollout.episode import Episode
 from toolgrpo.rollout.multi_turn import Condition
 from toolgrpo.rollout.prompts import route_lengths, split_routes
+from toolgrpo.router.calibrate import (
+    Threshold,
+    budget_binds,
+    calibrate_threshold,
+    threshold_route,
+    tool_probability,
+    top_tool_route,
+)
 from toolgrpo.router.catalog import env_tools
 from toolgrpo.router.families import FamilyMap, ToolInfo
 from toolgrpo.router.labeler import task_tools
@@ -37,10 +64,15 @@ from toolgrpo.router.routes import ANSWER, CALCULATE, SEARCH
 from toolgrpo.router.usage import CostModel, usage_of_episode
 
 log = logging.getLogger(__name__)
-ROUTER = "router"
-SAMPLED = "router_sampled"
+ROUTER = HEADLINE
 BASELINES = ("always_answer", "always_family", "best_in_hindsight")
 PlayFn = Callable[[Sequence[Task], Sequence[Condition]], list[Episode]]
+__all__ = [  # the report's pure functions, re-exported for callers of this module
+    "expected_summary",
+    "report_lines",
+    "routed_metrics",
+    "selection_summary",
+]
 
 
 @dataclass
@@ -54,17 +86,25 @@ class RoutedSetup:
     budget: float | None
     baselines: bool = True
     envs: EnvRouter | None = None  # to list the tools of environment tasks (their family)
+    seed: int = 0  # the sampled policy's draws (without baselines; the played episodes)
+    threshold: Threshold | None = None  # τ to apply; None: calibrate it on these tasks
+    step: int = -1  # the training step of the head (recorded with a τ calibrated here)
 
     @property
     def routes(self) -> list[str]:
         return list(self.policy.routes)
 
+    @property
+    def max_cost(self) -> float:
+        return max_cost(RouterCostConfig(**asdict(self.cost)))
+
 
 @dataclass
 class RoutedRun:
-    episodes: list[Episode]  # the router's episodes, task-major, n per task
+    episodes: list[Episode]  # the headline policy's episodes, task-major, n per task
     routes: list[str]  # the route of each of those episodes
     report: dict[str, Any]
+    calibrated: Threshold | None = None  # τ fit on these tasks (None: no ANSWER route or budget)
 
 
 def family_routes(
@@ -97,9 +137,9 @@ def play_routed(
     max_prompt_length: int,
     play: PlayFn,
 ) -> RoutedRun:
-    """The router's argmax route per task, played (with the baselines: every route played).
-    Tasks that some routes' prompts would cut and others not are left out, with a warning and a
-    count in the report: a route must not lose for its prompt's length."""
+    """Play the routes the report needs (module docstring), summarise every policy and baseline,
+    calibrate τ. Tasks that some routes' prompts would cut and others not are left out, with a
+    warning and a count in the report: a route must not lose for its prompt's length."""
     conds = [setup.condition(r) for r in setup.routes]
     lengths = route_lengths(setup.policy.lm.tokenizer, tasks, setup.envs, conds)
     split = set(split_routes(tasks, lengths, max_prompt_length))
@@ -113,52 +153,85 @@ def play_routed(
             ", ".join(f"{t}: {k}" for t, k in sorted(excluded.items())),
         )
         tasks = [t for i, t in enumerate(tasks) if i not in split]
-    picked, probs = greedy_routes(setup.policy, tasks, max_prompt_length)
-    played = setup.routes if setup.baselines else None
-    if played is None:
-        conds = [setup.condition(r) for r in picked for _ in range(n)]
-        eps = play(tasks, conds)
-        by_route = {r: {} for r in setup.routes}
-        for i, r in enumerate(picked):
-            by_route[r][i] = eps[i * n : (i + 1) * n]
+    routes = setup.routes
+    argmax, probs = greedy_routes(setup.policy, tasks, max_prompt_length)
+    drawn = sampled_routes(probs, routes, setup.seed)
+    tool = [top_tool_route(p, routes) for p in probs] if ANSWER in routes else argmax
+    pairs = [(r, i) for r in routes for i in range(len(tasks))]  # (route, task), route-major
+    if not setup.baselines:  # ANSWER and the tool route (threshold, argmax), and the draw
+        first = ([ANSWER, tool[i]] if ANSWER in routes else [argmax[i]] for i in range(len(tasks)))
+        needed = [{*two, drawn[i]} for i, two in enumerate(first)]
+        pairs = [(r, i) for r, i in pairs if r in needed[i]]
+    conds = [setup.condition(r) for r, _ in pairs for _ in range(n)]
+    eps = play([tasks[i] for _, i in pairs], conds)
+    by_route: dict[str, dict[int, list[Episode]]] = {r: {} for r in routes}
+    for j, (r, i) in enumerate(pairs):
+        by_route[r][i] = eps[j * n : (j + 1) * n]
+    costs = {id(e): setup.cost.cost(usage_of_episode(e, setup.families)) for e in eps}
+
+    def mean_cost(r: str, i: int) -> float:
+        return fmean(costs[id(e)] for e in by_route[r][i])
+
+    threshold, calibrated, source = setup.threshold, None, "checkpoint"
+    if ANSWER in routes and setup.budget is not None and tasks:
+        calibrated = calibrate_threshold(
+            [tool_probability(p, routes) for p in probs],
+            [mean_cost(tool[i], i) for i in range(len(tasks))],
+            setup.budget,
+            [mean_cost(ANSWER, i) for i in range(len(tasks))],
+            setup.max_cost,
+            setup.step,
+        )
+        if threshold is None:
+            threshold, source = calibrated, "calibrated on these tasks (in-sample)"
+    selections: dict[str, list[str]] = {ARGMAX: argmax}
+    if threshold is not None:
+        selections[THRESHOLD] = [threshold_route(p, routes, threshold.tau) for p in probs]
+    if setup.baselines:
+        selections["always_answer"] = [ANSWER if ANSWER in routes else routes[0]] * len(tasks)
+        selections["always_family"] = family_routes(tasks, setup.families, routes, setup.envs)
+        selections["best_in_hindsight"] = hindsight_routes(by_route, costs, routes, len(tasks))
     else:
-        conds = [setup.condition(r) for r in played for _ in tasks for _ in range(n)]
-        eps = play([t for _ in played for t in tasks], conds)
-        k = len(tasks) * n
-        by_route = {
-            r: {i: eps[j * k + i * n : j * k + (i + 1) * n] for i in range(len(tasks))}
-            for j, r in enumerate(played)
-        }
-    costs = {
-        id(e): setup.cost.cost(usage_of_episode(e, setup.families))
-        for got in by_route.values()
-        for group in got.values()
-        for e in group
-    }
-    selections = {ROUTER: picked}
-    if played is not None:
-        selections["always_answer"] = [ANSWER if ANSWER in played else played[0]] * len(tasks)
-        selections["always_family"] = family_routes(tasks, setup.families, played, setup.envs)
-        selections["best_in_hindsight"] = hindsight_routes(by_route, costs, played, len(tasks))
+        selections[SAMPLED] = drawn
     summaries = {
         name: selection_summary(tasks, sel, by_route, costs, setup.budget)
         for name, sel in selections.items()
     }
-    if played is not None:
-        weights = [dict(zip(setup.routes, p, strict=True)) for p in probs]
-        summaries = {
-            ROUTER: summaries.pop(ROUTER),
-            SAMPLED: expected_summary(tasks, weights, by_route, costs, setup.budget),
-            **summaries,
-        }
+    if setup.baselines:  # every route played: the sampled policy exactly, not one draw
+        weights = [dict(zip(routes, p, strict=True)) for p in probs]
+        summaries[SAMPLED] = expected_summary(tasks, weights, by_route, costs, setup.budget)
+    headline = SAMPLED if budget_binds(setup.budget, setup.max_cost) else ARGMAX
+    ordered = {HEADLINE: summaries[headline]}
+    ordered.update({k: summaries[k] for k in (SAMPLED, ARGMAX, THRESHOLD) if k in summaries})
+    ordered.update({k: v for k, v in summaries.items() if k not in ordered})
     report = {
         "budget": setup.budget,
+        "max_cost": setup.max_cost,
+        "headline": headline,
+        "routes": routes,
         "excluded_split_routes": dict(sorted(excluded.items())),
-        "routes_played": list(played or sorted(set(picked))),
-        "selections": summaries,
+        "routes_played": [r for r in routes if by_route[r]],
+        "selections": ordered,
+        "threshold": {**threshold.to_state(), "source": source} if threshold else None,
+        "tool_need": tool_need_report(tasks, probs, routes, by_route),
+        # Per task, for paired analyses: the head's probabilities and each played route's
+        # mean reward and cost (routes not played for a task are absent).
+        "per_task": [
+            {
+                "task_id": t.task_id,
+                "task_type": t.task_type,
+                "probs": dict(zip(routes, probs[i], strict=True)),
+                "reward": {
+                    r: fmean(e.reward for e in by_route[r][i]) for r in routes if i in by_route[r]
+                },
+                "cost": {r: mean_cost(r, i) for r in routes if i in by_route[r]},
+            }
+            for i, t in enumerate(tasks)
+        ],
     }
-    routed = [e for i, r in enumerate(picked) for e in by_route[r][i]]
-    return RoutedRun(routed, [r for r in picked for _ in range(n)], report)
+    picked = drawn if headline == SAMPLED else argmax
+    played = [e for i, r in enumerate(picked) for e in by_route[r][i]]
+    return RoutedRun(played, [r for r in picked for _ in range(n)], report, calibrated)
 
 
 def hindsight_routes(
@@ -178,103 +251,3 @@ def hindsight_routes(
 
         out.append(min(routes, key=key))
     return out
-
-
-def selection_summary(
-    tasks: Sequence[Task],
-    selection: Sequence[str],
-    by_route: Mapping[str, Mapping[int, Sequence[Episode]]],
-    costs: Mapping[int, float],
-    budget: float | None,
-) -> dict[str, dict[str, Any]]:
-    """Per task type (and ``all``): reward, accuracy, tool cost (and cost − budget), tool-call
-    rate and route fractions of the episodes a route selection plays."""
-    rows: dict[str, list[tuple[Episode, str]]] = defaultdict(list)
-    for i, r in enumerate(selection):
-        for e in by_route[r][i]:
-            rows[tasks[i].task_type].append((e, r))
-            rows[ALL].append((e, r))
-    out = {}
-    for t in sorted(rows, key=lambda x: (x == ALL, x)):
-        got = rows[t]
-        cost = fmean(costs[id(e)] for e, _ in got)
-        routes = [r for _, r in got]
-        out[t] = {
-            "episodes": len(got),
-            "reward_mean": fmean(e.reward for e, _ in got),
-            "accuracy": fmean(float(succeeded(e)) for e, _ in got),
-            "cost_mean": cost,
-            "cost_minus_budget": cost - budget if budget is not None else None,
-            "tool_call_rate": fmean(float(e.tool_calls > 0) for e, _ in got),
-            "route_frac": {r: routes.count(r) / len(routes) for r in sorted(set(routes))},
-        }
-    return out
-
-
-def expected_summary(
-    tasks: Sequence[Task],
-    weights: Sequence[Mapping[str, float]],
-    by_route: Mapping[str, Mapping[int, Sequence[Episode]]],
-    costs: Mapping[int, float],
-    budget: float | None,
-) -> dict[str, dict[str, Any]]:
-    """``selection_summary``'s numbers for a stochastic router: per task, each route's episode
-    means weighted by the route's probability (``weights[i][route]``), then averaged over the
-    tasks of each type. Unbiased for the sampled policy, with less variance than sampling one
-    route per task, since every route was played."""
-    rows: dict[str, list[dict[str, float]]] = defaultdict(list)
-    for i, w in enumerate(weights):
-        per: dict[str, float] = defaultdict(float)
-        for r, p in w.items():
-            eps = by_route[r][i]
-            per["reward_mean"] += p * fmean(e.reward for e in eps)
-            per["accuracy"] += p * fmean(float(succeeded(e)) for e in eps)
-            per["cost_mean"] += p * fmean(costs[id(e)] for e in eps)
-            per["tool_call_rate"] += p * fmean(float(e.tool_calls > 0) for e in eps)
-            per[f"route/{r}"] += p
-            per["episodes"] += len(eps)
-        rows[tasks[i].task_type].append(per)
-        rows[ALL].append(per)
-    out = {}
-    for t in sorted(rows, key=lambda x: (x == ALL, x)):
-        got = rows[t]
-        row: dict[str, Any] = {"episodes": int(sum(g["episodes"] for g in got))}
-        for k in ("reward_mean", "accuracy", "cost_mean", "tool_call_rate"):
-            row[k] = fmean(g[k] for g in got)
-        row["cost_minus_budget"] = row["cost_mean"] - budget if budget is not None else None
-        row["route_frac"] = {r: fmean(g[f"route/{r}"] for g in got) for r in sorted(by_route)}
-        out[t] = row
-    return out
-
-
-def routed_metrics(report: Mapping[str, Any], prefix: str = "val") -> dict[str, float]:
-    """Flat metrics: ``val/<type>/cost/mean``, ``val/<type>/cost_minus_budget`` for the
-    router, ``val/sampled/<type>/{reward_mean,accuracy,cost_mean}`` for its sampled policy, and
-    ``val/baseline/<name>/<type>/{reward_mean,accuracy,cost_mean}``."""
-    m: dict[str, float] = {}
-    for name, summary in report["selections"].items():
-        for t, s in summary.items():
-            if name == ROUTER:
-                m[f"{prefix}/{t}/cost/mean"] = s["cost_mean"]
-                if s["cost_minus_budget"] is not None:
-                    m[f"{prefix}/{t}/cost_minus_budget"] = s["cost_minus_budget"]
-                m[f"{prefix}/{t}/routed_reward_mean"] = s["reward_mean"]
-            else:
-                where = f"{prefix}/sampled" if name == SAMPLED else f"{prefix}/baseline/{name}"
-                for k in ("reward_mean", "accuracy", "cost_mean"):
-                    m[f"{where}/{t}/{k}"] = s[k]
-    return m
-
-
-def report_lines(report: Mapping[str, Any]) -> list[str]:
-    """One line per selection and task type, for the console."""
-    budget = report.get("budget")
-    lines = [f"routing (budget {budget:g}):" if budget is not None else "routing:"]
-    for name, summary in report["selections"].items():
-        for t, s in summary.items():
-            fr = ", ".join(f"{r} {v:.0%}" for r, v in s["route_frac"].items())
-            lines.append(
-                f"  {name:<18} {t:<12} reward {s['reward_mean']:.3f}  acc {s['accuracy']:.1%}  "
-                f"cost {s['cost_mean']:.3f}  routes {fr}"
-            )
-    return lines

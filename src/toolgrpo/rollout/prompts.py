@@ -89,6 +89,11 @@ async def _env_starts(envs: EnvRouter, tasks: Sequence[Task]) -> list[EnvStart |
     return list(await asyncio.gather(*(_env_start(envs, t, sem) for t in tasks)))
 
 
+def env_starts(envs: EnvRouter, tasks: Sequence[Task]) -> list[EnvStart | None]:
+    """Each task's environment opening (``None`` where it cannot open), opened concurrently."""
+    return asyncio.run(_env_starts(envs, tasks))
+
+
 def route_lengths(
     tokenizer: Any,
     tasks: Sequence[Task],
@@ -98,7 +103,7 @@ def route_lengths(
     """Per task, the opening's length under each condition (one length without conditions),
     measured as ``filter_overlong`` measures; ``None`` where the environment cannot open."""
     if envs is not None:
-        starts = asyncio.run(_env_starts(envs, tasks))
+        starts = env_starts(envs, tasks)
     else:
         starts = [EnvStart([dict(m) for m in t.messages], []) for t in tasks]
     return [

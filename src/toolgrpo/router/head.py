@@ -84,9 +84,12 @@ def prompt_features(
     pooling: str = "last",
     batch_size: int = 8,
     autocast: Callable[[], AbstractContextManager] | None = None,
+    layer: int = -1,
 ) -> torch.Tensor:
-    """``[B, H]`` float32 prompt representations from the LM's final hidden states (no grad:
-    the router loss trains the head only)."""
+    """``[B, H]`` float32 prompt representations from the LM's hidden states (no grad: the
+    router loss trains the head only). ``layer`` indexes the backbone's hidden states: −1 the
+    final (normed) one, 0 the embeddings, k the output of block k; a middle block often separates
+    what a prompt asks for better than the last, which is shaped for the next token."""
     backbone = causal_lm.get_decoder()
     was_training = causal_lm.training
     causal_lm.eval()
@@ -103,12 +106,14 @@ def prompt_features(
             device = next(backbone.parameters()).device  # trainer.device
             ids, mask = ids.to(device), mask.to(device)
             with autocast() if autocast is not None else nullcontext():
-                h = backbone(
+                got = backbone(
                     input_ids=ids,
                     attention_mask=mask,
                     position_ids=position_ids_from_mask(mask),
                     use_cache=False,
-                ).last_hidden_state
+                    output_hidden_states=layer != -1,
+                )
+                h = got.last_hidden_state if layer == -1 else got.hidden_states[layer]
             out.append(pool(h.float(), mask, pooling))
     finally:
         causal_lm.train(was_training)

@@ -8,12 +8,14 @@ GRPO/PPO loss. The head has its own SGD, or joins the actor's optimizer as a par
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
 from toolgrpo.algos.router import router_loss
+from toolgrpo.data.task import Task
+from toolgrpo.rollout.prompts import render_prompt
 from toolgrpo.router.head import RouterHead, RouterOutput, prompt_features
 
 
@@ -28,10 +30,17 @@ class RouterPolicy:
         grad_clip: float = 1.0,
         actor_optimizer: torch.optim.Optimizer | None = None,
         actor_scheduler: Any = None,
+        feature_layer: int = -1,
+        inputs: str = "opening",
     ) -> None:
         self.lm = lm
         self.routes = [r.upper() for r in routes]
         self.pooling = pooling
+        self.feature_layer = feature_layer
+        self.inputs = inputs  # what the prompts given to ``features`` are (router.inputs)
+        # Tasks → the prompt ids the head reads (``router.inputs.RouterInputs``); set by whoever
+        # knows the environments (the trainer, ``toolgrpo eval``).
+        self.prompt_source: Callable[[Sequence[Task]], list[list[int]]] | None = None
         self.grad_clip = grad_clip
         hidden = lm.base.config.hidden_size
         # On the LM's device (trainer.device): its features never leave it.
@@ -56,13 +65,38 @@ class RouterPolicy:
         return {
             "routes": self.routes,
             "pooling": self.pooling,
+            "feature_layer": self.feature_layer,
+            "inputs": self.inputs,
             "hidden_size": h.hidden_size,
             "head_hidden": h.mlp_hidden,
         }
 
+    def features_of(self, tasks: Sequence[Task], max_prompt_length: int = 10**9) -> torch.Tensor:
+        """Features of tasks, read from what ``prompt_source`` renders for them (the
+        environments' openings, ``router.inputs``); without one, the tasks' own messages."""
+        if self.prompt_source is not None:
+            prompts = self.prompt_source(tasks)
+        else:
+            tok = self.lm.tokenizer
+            prompts = [render_prompt(tok, t.messages, max_prompt_length, "left") for t in tasks]
+        return self.features(prompts)
+
+    def read_tasks_with(self, envs: Any, max_prompt_length: int) -> None:
+        """Read tasks as this head was trained to (``inputs``): the environments' openings."""
+        from toolgrpo.router.inputs import RouterInputs
+
+        self.prompt_source = RouterInputs(self.lm.tokenizer, max_prompt_length, envs, self.inputs)
+
     def features(self, prompts: Sequence[Sequence[int]]) -> torch.Tensor:
         pad = self.lm.tokenizer.pad_token_id
-        return prompt_features(self.lm.base, prompts, pad, self.pooling, autocast=self.lm.autocast)
+        return prompt_features(
+            self.lm.base,
+            prompts,
+            pad,
+            self.pooling,
+            autocast=self.lm.autocast,
+            layer=self.feature_layer,
+        )
 
     @torch.no_grad()
     def act(self, features_BH: torch.Tensor, sample: bool = True) -> RouterOutput:
@@ -107,7 +141,7 @@ class RouterPolicy:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         meta = state.get("meta", {})
         mine = self.meta
-        for key in ("routes", "hidden_size", "head_hidden"):
+        for key in ("routes", "hidden_size", "head_hidden", "feature_layer", "inputs"):
             if key in meta and meta[key] != mine[key]:
                 raise ValueError(
                     f"the checkpoint's router head has {key}={meta[key]!r}, this run {mine[key]!r}"

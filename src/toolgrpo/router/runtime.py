@@ -15,7 +15,12 @@ from typing import Any
 
 import torch
 
-from toolgrpo.algos.router import group_z, lagrangian_advantages, router_rewards
+from toolgrpo.algos.router import (
+    group_z,
+    lagrangian_advantages,
+    reward_spread,
+    router_rewards,
+)
 from toolgrpo.data.task import Task
 from toolgrpo.envs.base import EnvStart
 from toolgrpo.envs.registry import EnvRouter
@@ -118,7 +123,10 @@ class RouterRuntime:
             rc.grad_clip,
             actor.optimizer if actor is not None else None,
             actor.scheduler if actor is not None else None,
+            feature_layer=rc.feature_layer,
+            inputs=rc.inputs,
         )
+        self.policy.read_tasks_with(envs, self.max_prompt_length)
         self.routes = self.policy.routes
         alg = cfg.algorithm
         # The LM's own group normalisation, for its cost advantages (lagrangian=advantage).
@@ -128,6 +136,7 @@ class RouterRuntime:
         self._costs: list[float] = []  # this step's cost per rollout, in plan order
         self._lam = self.budget.lam  # the λ this step's rewards were shaped with
         self._lm_cost_B: torch.Tensor | None = None  # per batch row (bind_rows)
+        self._spread = 1.0
 
     @property
     def freeze_lm(self) -> bool:
@@ -136,10 +145,7 @@ class RouterRuntime:
     # ---- before generation ------------------------------------------------------------------
     def plan(self, tasks: Sequence[Task], n: int) -> RoutePlan:
         """Sample a route for each of the ``n`` rollouts of every task."""
-        prompts = [
-            render_prompt(self.tokenizer, t.messages, self.max_prompt_length, "left") for t in tasks
-        ]
-        feats = self.policy.features(prompts)
+        feats = self.policy.features_of(tasks)
         out = self.policy.act(feats.repeat_interleave(n, dim=0), sample=True)
         routes = [self.routes[int(a)] for a in out.router_action]
         plan = RoutePlan(list(tasks), n, feats, out.router_action, routes)
@@ -213,6 +219,7 @@ class RouterRuntime:
             labels_B=torch.tensor([self._label(t) for t in tasks], dtype=torch.long),
         )
         self._costs, self._lam = costs, lam
+        self._spread = reward_spread(task_B, uids)  # lagrangian=price: the LM's cost scale
         self._lm_cost_B = None
         self.budget.observe(costs)
         routes = [r for p in plans for r in p.routes]
@@ -228,10 +235,10 @@ class RouterRuntime:
             [self._costs[i] if i is not None else float("nan") for i in rows], dtype=torch.float32
         )
 
-    def _lm_lagrangian(self, mode: str) -> bool:
+    def _lm_lagrangian(self, *modes: str) -> bool:
         return (
             self.rc.lm_reward == "lagrangian"
-            and self.rc.lagrangian == mode
+            and self.rc.lagrangian in modes
             and self._lm_cost_B is not None
         )
 
@@ -245,18 +252,24 @@ class RouterRuntime:
         return scores_B - self._lam * cost
 
     def lm_advantages(self, batch: Any) -> dict[str, float]:
-        """With ``lagrangian=advantage``: A_LM = Z(r_task) − λ·Z(cost), the run's own GRPO
-        advantages minus λ times the cost's, normalised in the same groups."""
-        if not self._lm_lagrangian("advantage") or batch.advantages_BR is None:
+        """The run's own GRPO advantages minus the cost's, in the same groups. ``advantage``:
+        A_LM = Z(r_task) − λ·Z(cost). ``price``: A_LM = A_task − λ·(c − c̄)/s, the cost centred
+        in its group and put on the scale GRPO put the task rewards on (s: the step's
+        within-group reward spread under std normalisation, else 1), so λ prices a call in
+        reward for the LM as it does for the router."""
+        if not self._lm_lagrangian("advantage", "price") or batch.advantages_BR is None:
             return {}
         assert self._lm_cost_B is not None
         neg = torch.isnan(self._lm_cost_B)
+        price = self.rc.lagrangian == "price"
         z_B = group_z(
             torch.nan_to_num(self._lm_cost_B, nan=0.0),
             batch.uids,
-            self.lm_norm_by_std,
+            self.lm_norm_by_std and not price,
             neg.tolist(),
         )
+        if price and self.lm_norm_by_std:
+            z_B = z_B / self._spread
         shift_BR = self._lam * z_B[:, None] * batch.response_mask_BR.to(torch.float32)
         batch.advantages_BR = batch.advantages_BR - shift_BR
         if batch.returns_BR is not None:

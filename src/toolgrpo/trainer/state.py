@@ -2,9 +2,10 @@
 
 Layout of ``checkpoints/global_step_N``: ``model/`` (safetensors ``from_pretrained`` loads; LoRA
 merged), ``adapter/`` (LoRA runs), ``optimizer.pt`` (optimizer, scheduler, value head, KL
-controller), ``router.pt`` (router head and budget state, with ``router.enable``),
-``trainer_state.json`` (step, sampler position, config) — written last. The ``.pt`` files hold
-tensors and plain containers only and are read weights-only: loading one never runs code.
+controller), ``router.pt`` (router head, budget state and the threshold τ the last validation
+calibrated, with ``router.enable``), ``trainer_state.json`` (step, sampler position, config) —
+written last. The ``.pt`` files hold tensors and plain containers only and are read
+weights-only: loading one never runs code.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from toolgrpo.config.schema import as_dict
 from toolgrpo.distributed.fsdp import FsdpOptimizerView, full_optimizer_state, load_full_into
 from toolgrpo.models.loading import Policy, save_hf_model
 from toolgrpo.models.safe_load import CorruptCheckpoint
+from toolgrpo.router.calibrate import THRESHOLD_KEY, Threshold
 from toolgrpo.router.infer import ROUTER_FILE
 from toolgrpo.trainer.checkpoint import (
     load_torch,
@@ -62,7 +64,10 @@ def save(trainer: Trainer, step: int) -> Path | None:
             d / "optimizer.pt",
         )
         if trainer.router is not None:
-            save_torch(trainer.router.state_dict(), d / ROUTER_FILE)
+            router = trainer.router.state_dict()
+            if trainer.router_calibration is not None:  # τ of threshold routing (infer, eval)
+                router[THRESHOLD_KEY] = trainer.router_calibration.to_state()
+            save_torch(router, d / ROUTER_FILE)
 
     state = {
         "global_step": step,
@@ -187,4 +192,5 @@ def apply(trainer: Trainer, ckpt: Path, saved: Saved) -> None:
     if trainer.router is not None and saved.router is not None:
         # head, λ, dual window; refused when this run's route prompts differ from the saved ones
         trainer.router.load_state_dict(saved.router, str(ckpt / ROUTER_FILE))
+        trainer.router_calibration = Threshold.from_state(saved.router.get(THRESHOLD_KEY))
     trainer.sampler.load_state_dict(saved.state["sampler"])

@@ -39,6 +39,7 @@ from toolgrpo.rollout.backends import make_generator
 from toolgrpo.rollout.generator import SamplingParams
 from toolgrpo.rollout.hf import HFGenerator
 from toolgrpo.rollout.prompts import filter_overlong, refuse_split_routes
+from toolgrpo.router.calibrate import Threshold
 from toolgrpo.router.runtime import RouterRuntime
 from toolgrpo.trainer import rollout_correction
 from toolgrpo.trainer import state as ckpt_state
@@ -144,6 +145,8 @@ class Trainer(RolloutStage):
         if cfg.data.filter_overlong_prompts or self.router is not None:
             self._drop_overlong()  # judged on the opening the model sees, under every route
         self._val_tasks: list[Task] | None = None
+        # τ of threshold routing, calibrated by the last validation; saved in router.pt
+        self.router_calibration: Threshold | None = None
         self.step = 0
         self._resume()
         push_weights(self, self.step)
@@ -339,7 +342,7 @@ class Trainer(RolloutStage):
             norm_adv_by_std_in_grpo=alg.norm_adv_by_std_in_grpo,
             is_negative_B=batch.is_negative,  # rolled-back attempts stay out of the baselines
         )
-        if rt is not None:  # router.lagrangian=advantage: A − λ·Z(cost)
+        if rt is not None:  # router.lagrangian=price|advantage: A − λ·cost term
             metrics.update(rt.lm_advantages(batch))
         metrics.update(negative_metrics(batch))
         return metrics

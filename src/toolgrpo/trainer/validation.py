@@ -1,6 +1,8 @@
 """In-training validation (``trainer.test_freq``): the same tasks, settings and summaries as
-``toolgrpo eval`` (long prompts truncated, not dropped). With the router on, each task is played
-under the head's argmax route, with the fixed-route baselines beside it (``eval.routed``)."""
+``toolgrpo eval`` (long prompts truncated, not dropped). With the router on, routed evaluation
+(``eval.routed``): the sampled, argmax and threshold policies and the fixed-route baselines. It
+also calibrates τ on the validation tasks for the current head; the trainer keeps it
+(``Trainer.router_calibration``) and the next checkpoint stores it in ``router.pt``."""
 
 from __future__ import annotations
 
@@ -20,8 +22,9 @@ if TYPE_CHECKING:
     from toolgrpo.trainer.trainer import Trainer
 
 
-def runtime_setup(rt: RouterRuntime, envs: Any) -> RoutedSetup:
-    """The training run's head, families, cost model and budget, as evaluation plays them."""
+def runtime_setup(rt: RouterRuntime, envs: Any, seed: int = 0, step: int = -1) -> RoutedSetup:
+    """The training run's head, families, cost model and budget, as evaluation plays them (τ is
+    calibrated afresh on the validation tasks: the head has moved since the last one)."""
     return RoutedSetup(
         rt.policy,
         lambda r: RouteCondition(r, rt.families, rt.rc.family_tools_only),
@@ -30,6 +33,8 @@ def runtime_setup(rt: RouterRuntime, envs: Any) -> RoutedSetup:
         rt.budget.budget,
         rt.rc.eval_baselines,
         envs,
+        seed=seed,
+        step=step,
     )
 
 
@@ -55,10 +60,11 @@ def validate(trainer: Trainer, tasks: Sequence[Task], step: int) -> dict[str, fl
         return runner.play(ts, params, step, trainer.step, rollback=False, conditions=conds)
 
     routes, extra = None, {}
-    if trainer.router is not None:  # the head's argmax route per task, as toolgrpo eval plays it
-        setup = runtime_setup(trainer.router, runner.router)
+    if trainer.router is not None:  # routed, as toolgrpo eval plays it
+        setup = runtime_setup(trainer.router, runner.router, cfg.trainer.seed, step)
         run = play_routed(setup, tasks, params.n, d.max_prompt_length, play)
         eps, routes, extra = run.episodes, run.routes, routed_metrics(run.report, "val")
+        trainer.router_calibration = run.calibrated
     else:
         eps = play(tasks)
     warn_env_failures([e for e in eps if e.env_failure], runner.router, step)
