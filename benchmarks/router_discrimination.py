@@ -1,0 +1,270 @@
+"""Does the budgeted router spend its tool budget on the tasks that need a tool?
+
+Task mix where the choice matters: ``calculator`` and ``search`` (need their tool), ``direct``
+with the calculator and search offered but useless (``offer_tools``: an unneeded call costs),
+and ``arith_mixed`` (half the questions need the calculator, half do not; each row says which).
+SEARCH and CALCULATE offer their own family only (``router.family_tools_only``). One run at
+B = 0.3 and one unconstrained (B = 1) on the agent warm start, the LM training beside the head
+(``benchmarks/router_budget.py``'s settings otherwise); then each final checkpoint is scored
+with ``toolgrpo eval`` on held-out tasks, every task under every route, and read per task:
+
+- ``route_share[type][route]``: the sampled router's route shares (mean probabilities);
+- ``auroc``: P(tool route) = 1 − P(ANSWER) against "this task needs a tool";
+- ``router.reward`` / ``router.cost``: the sampled router's expected reward and cost;
+- ``fixed_mix``: the best task-blind route mix at the router's cost (one distribution over
+  routes for every task), and the router's reward minus it, paired by task (``se``);
+- ``probe_accuracy``: a cross-validated linear probe of task type on the head's own features
+  (does the input separate the types at all?); ``--probe-only`` measures it on the warm start
+  for each ``router.inputs`` × ``router.feature_layer`` without training anything.
+
+    python benchmarks/router_discrimination.py --probe-only       # minutes
+    python benchmarks/router_discrimination.py [--steps 60]       # hours on 2 cores; resumes
+
+Writes ``benchmarks/results/router_discrimination.json`` (+ the probe table on stdout).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+from statistics import fmean, stdev
+from typing import Any
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+TYPES = ("calculator", "search", "direct", "arith_mixed")
+DATA = ROOT / "src" / "toolgrpo" / "data" / "envs"
+MT = "actor_rollout_ref.rollout.multi_turn."
+MIX = [
+    f"data.train_files=[{','.join(f'{t}:train' for t in TYPES)}]",
+    f"{MT}envs.direct.offer_tools=true",
+    f"{MT}envs.direct.max_turns=3",
+    f"{MT}envs.arith_mixed.max_turns=3",
+    "router.family_tools_only=true",
+]
+TOOL_ROUTES = ("SEARCH", "CALCULATE")
+
+
+# ---- pure analysis of a routed eval's per-task table -------------------------------------------
+def expected(row: dict[str, Any], key: str, probs: dict[str, float] | None = None) -> float:
+    """A task's expected ``reward`` or ``cost`` under route probabilities (the head's)."""
+    p = probs if probs is not None else row["probs"]
+    return sum(p[r] * row[key][r] for r in p if p[r] > 0)
+
+
+def route_shares(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Mean route probability per task type (the sampled router's shares) and over all."""
+    out: dict[str, dict[str, float]] = {}
+    for t in sorted({r["task_type"] for r in rows}) + ["all"]:
+        got = [r for r in rows if t in (r["task_type"], "all")]
+        out[t] = {k: fmean(r["probs"][k] for r in got) for k in got[0]["probs"]}
+    return out
+
+
+def fixed_mix(rows: list[dict[str, Any]], cost: float) -> dict[str, Any]:
+    """The best task-blind mix at mean cost ``cost``: one distribution q over routes played on
+    every task. Reward and cost are linear in q, so the best q at a given cost mixes at most two
+    routes; each pair that brackets ``cost`` is tried (the nearest single route if none does).
+    Returns q, its mean reward and cost, and its per-task expected rewards."""
+    routes = list(rows[0]["probs"])
+    c = {r: fmean(x["cost"][r] for x in rows) for r in routes}
+    rew = {r: fmean(x["reward"][r] for x in rows) for r in routes}
+    best: tuple[float, dict[str, float]] | None = None
+    for a in routes:
+        for b in routes:
+            if c[a] <= cost <= c[b] and (a == b or c[b] > c[a]):
+                w = 1.0 if a == b else (c[b] - cost) / (c[b] - c[a])
+                q = {r: 0.0 for r in routes}
+                q[a] += w
+                q[b] += 1 - w
+                value = sum(q[r] * rew[r] for r in routes)
+                if best is None or value > best[0]:
+                    best = (value, q)
+    if best is None:  # the cost lies outside every route's: the nearest route alone
+        near = min(routes, key=lambda r: (abs(c[r] - cost), -rew[r]))
+        best = (rew[near], {r: float(r == near) for r in routes})
+    q = best[1]
+    return {
+        "q": q,
+        "reward": best[0],
+        "cost": sum(q[r] * c[r] for r in routes),
+        "per_task": [expected(x, "reward", q) for x in rows],
+    }
+
+
+def auroc_need(rows: list[dict[str, Any]], need: list[bool]) -> float | None:
+    from toolgrpo.router.metrics import auroc
+
+    return auroc([1.0 - r["probs"].get("ANSWER", 0.0) for r in rows], need)
+
+
+def discrimination(rows: list[dict[str, Any]], need: list[bool]) -> dict[str, Any]:
+    """The sampled router against the best task-blind mix at its own cost, paired by task."""
+    mine = [expected(r, "reward") for r in rows]
+    cost = fmean(expected(r, "cost") for r in rows)
+    mix = fixed_mix(rows, cost)
+    diff = [a - b for a, b in zip(mine, mix.pop("per_task"), strict=True)]
+    se = stdev(diff) / math.sqrt(len(diff)) if len(diff) > 1 else float("nan")
+    mix.update(gain=fmean(diff), se=se)
+    return {
+        "tasks": len(rows),
+        "router": {"reward": fmean(mine), "cost": cost},
+        "fixed_mix": mix,
+        "route_share": route_shares(rows),
+        "auroc": auroc_need(rows, need),
+    }
+
+
+# ---- model-side pieces -------------------------------------------------------------------------
+def held_out(path: Path, per_type: int) -> list[Any]:
+    """The first ``per_type`` test tasks of each type, written to ``path`` (the runs' val
+    file) and loaded from it."""
+    from toolgrpo.data.loader import load_tasks
+
+    lines = []
+    for t in TYPES:
+        rows = (DATA / f"{t}_test.jsonl").read_text(encoding="utf-8").splitlines()
+        lines += [r for r in rows if r.strip()][:per_type]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return load_tasks([str(path)], "error").tasks
+
+
+def probe(cfg_overrides: list[str], tasks: list[Any], checkpoint: str | None) -> dict[str, Any]:
+    """Probe accuracy of task type (and of need-a-tool) on the head's features, per input kind
+    and layer (a checkpoint's head: its own inputs and layer only)."""
+    from toolgrpo.config.loader import load_config
+    from toolgrpo.config.schema import TrainConfig
+    from toolgrpo.envs.arith_mixed import needs_tool
+    from toolgrpo.eval.cli import apply_checkpoint
+    from toolgrpo.models.loading import load_policy
+    from toolgrpo.rewards.types import RllaFlags
+    from toolgrpo.router.infer import load_router
+    from toolgrpo.router.probe import probe_accuracy
+    from toolgrpo.trainer.episodes import make_router
+
+    cfg = load_config(TrainConfig, None, cfg_overrides)
+    if checkpoint:
+        apply_checkpoint(cfg, checkpoint)
+    envs = make_router(cfg, RllaFlags(**vars(cfg.reward.rlla)))
+    lm = load_policy(cfg.actor_rollout_ref.model, trainable=False)
+    layers = lm.base.config.num_hidden_layers
+    kinds = (
+        [(None, None)]
+        if checkpoint
+        else [(inputs, layer) for inputs in ("question", "opening") for layer in (-1, layers // 2)]
+    )
+    types = [t.task_type for t in tasks]
+    need = [bool(needs_tool(t)) for t in tasks]
+    out = {}
+    for inputs, layer in kinds:
+        if inputs is not None:
+            cfg.router.inputs, cfg.router.feature_layer = inputs, layer
+        head, _ = load_router(cfg, lm, checkpoint)
+        head.read_tasks_with(envs, cfg.data.max_prompt_length)
+        feats = head.features_of(tasks)
+        key = f"{head.inputs}@layer{head.feature_layer}"
+        out[key] = {
+            "task_type": probe_accuracy(feats, types),
+            "needs_tool": probe_accuracy(feats, need),
+        }
+        for t in sorted(set(types)):  # a type where tools help only sometimes: which ones?
+            idx = [i for i, x in enumerate(types) if x == t]
+            if len({need[i] for i in idx}) == 2:
+                got = probe_accuracy(feats[idx], [need[i] for i in idx])
+                out[key][f"needs_tool_within_{t}"] = got
+        shown = ", ".join(f"{k} {v:.3f}" for k, v in out[key].items())
+        print(f"probe {key} ({len(tasks)} tasks): {shown}", flush=True)
+    return out
+
+
+def train_and_eval(name: str, budget: float, args: argparse.Namespace, work: Path) -> dict:
+    """One router run (``router_budget.run_one``, resumable) and its routed eval's table."""
+    from router_budget import run_one
+
+    run = work / name
+    overrides = [
+        *MIX,
+        f"trainer.total_training_steps={args.steps}",
+        f"trainer.test_freq={args.steps}",
+        f"trainer.seed={args.seed}",
+        f"data.val_files=[{work / 'val.jsonl'}]",
+        *args.extra,
+    ]
+    final = run / "checkpoints" / f"global_step_{args.steps}"
+    if not (final / "trainer_state.json").is_file():
+        run_one(budget, "price", overrides, run)
+    out = work / f"eval_{name}.json"
+    if not out.is_file():
+        cmd = [
+            sys.executable,
+            "-m",
+            "toolgrpo.cli",
+            "eval",
+            "--checkpoint",
+            str(final),
+            "--samples",
+            "0",
+            "--output",
+            str(out),
+            str(run / "config.yaml"),
+        ]
+        subprocess.run(cmd, cwd=ROOT, check=True)
+    record = json.loads(out.read_text())
+    return {"checkpoint": str(final), "rows": find_per_task(record)}
+
+
+def find_per_task(record: Any) -> list[dict[str, Any]]:
+    """The routed eval's ``per_task`` table, wherever the eval JSON nests its routing report."""
+    if isinstance(record, dict):
+        if isinstance(record.get("per_task"), list):
+            return record["per_task"]
+        for v in record.values():
+            got = find_per_task(v)
+            if got:
+                return got
+    return []
+
+
+def main(argv: list[str]) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--per-type", type=int, default=34, help="held-out tasks per task type")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--work", type=Path, default=ROOT / "outputs" / "router_discrimination")
+    ap.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results")
+    ap.add_argument("--probe-only", action="store_true")
+    args, args.extra = ap.parse_known_args(argv)
+    from router_budget import BASE
+
+    tasks = held_out(args.work / "val.jsonl", args.per_type)
+    result: dict[str, Any] = {"held_out": {t: sum(x.task_type == t for x in tasks) for t in TYPES}}
+    result["probe_warm_start"] = probe([*BASE, *MIX, *args.extra], tasks, None)
+    if not args.probe_only:
+        from toolgrpo.envs.arith_mixed import needs_tool
+
+        for name, budget in (("B=0.3", 0.3), ("unconstrained", 1.0)):
+            got = train_and_eval(name, budget, args, args.work)
+            by_id = {(t.task_type, t.task_id): t for t in tasks}
+            need = [bool(needs_tool(by_id[(r["task_type"], r["task_id"])])) for r in got["rows"]]
+            result[name] = discrimination(got["rows"], need)
+            result[name]["probe_accuracy"] = probe(
+                [*BASE, *MIX, *args.extra], tasks, got["checkpoint"]
+            )
+    out = args.results / ("router_probe.json" if args.probe_only else "router_discrimination.json")
+    out.write_text(json.dumps(result, indent=1))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,58 @@
+"""benchmarks/router_discrimination.py's analysis: the best task-blind route mix at the router's
+cost, the paired gain over it, route shares and the AUROC, on hand-made per-task tables."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from router_discrimination import discrimination, fixed_mix, route_shares  # noqa: E402
+
+
+def _row(kind, p_answer, reward_answer, reward_tool):
+    """A task with ANSWER and CALCULATE only; a tool call costs 1."""
+    return {
+        "task_id": kind,
+        "task_type": kind,
+        "probs": {"ANSWER": p_answer, "CALCULATE": 1 - p_answer},
+        "reward": {"ANSWER": reward_answer, "CALCULATE": reward_tool},
+        "cost": {"ANSWER": 0.0, "CALCULATE": 1.0},
+    }
+
+
+def test_the_blind_mix_at_equal_cost_mixes_the_bracketing_routes():
+    rows = [_row("math", 0.0, 0.0, 1.0), _row("chat", 1.0, 1.0, 1.0)]
+    mix = fixed_mix(rows, 0.5)  # tools on half the tasks, blind to which
+    assert mix["q"] == pytest.approx({"ANSWER": 0.5, "CALCULATE": 0.5})
+    assert mix["cost"] == pytest.approx(0.5)
+    # math: 0.5·0 + 0.5·1; chat: 1 either way
+    assert mix["reward"] == pytest.approx(0.75)
+    assert mix["per_task"] == pytest.approx([0.5, 1.0])
+    # outside every route's cost: the nearest route alone
+    assert fixed_mix(rows, 2.0)["q"] == {"ANSWER": 0.0, "CALCULATE": 1.0}
+
+
+def test_a_router_that_sends_tools_where_they_pay_beats_the_blind_mix():
+    rows = [_row("math", 0.0, 0.0, 1.0), _row("chat", 1.0, 1.0, 1.0)] * 5
+    got = discrimination(rows, [True, False] * 5)
+    assert got["router"] == pytest.approx({"reward": 1.0, "cost": 0.5})
+    assert got["fixed_mix"]["gain"] == pytest.approx(0.25)
+    assert got["fixed_mix"]["se"] == pytest.approx(0.25 / 3)  # stdev 0.2635 / √10
+    assert got["auroc"] == 1.0
+    assert got["route_share"]["math"] == {"ANSWER": 0.0, "CALCULATE": 1.0}
+    # a uniform router is the blind mix: no gain
+    flat = [_row("math", 0.5, 0.0, 1.0), _row("chat", 0.5, 1.0, 1.0)] * 5
+    got = discrimination(flat, [True, False] * 5)
+    assert got["fixed_mix"]["gain"] == pytest.approx(0.0, abs=1e-12)
+    assert got["auroc"] == 0.5
+
+
+def test_route_shares_average_the_probabilities_per_type_and_overall():
+    shares = route_shares([_row("a", 0.2, 0, 0), _row("a", 0.4, 0, 0), _row("b", 1.0, 0, 0)])
+    assert shares["a"]["ANSWER"] == pytest.approx(0.3)
+    assert shares["all"]["ANSWER"] == pytest.approx(1.6 / 3)
