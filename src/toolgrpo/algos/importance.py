@@ -15,14 +15,23 @@ Truncated IS (TIS) uses min(w, C), detached, as a per-token multiplier of the po
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from toolgrpo.algos.utils import masked_sum
 
-__all__ = ["IS_LEVELS", "importance_log_ratio", "truncated_is_weights", "is_weight_stats"]
+__all__ = [
+    "IS_LEVELS",
+    "importance_log_ratio",
+    "truncated_is_weights",
+    "is_weight_stats",
+    "raw_is_stats",
+]
 
 IS_LEVELS = ("token", "sequence")
 _CLAMP = 20.0
+_RAW_CLAMP = 50.0  # raw weights are reported up to e^50 (~5e21), finite in any JSON
 
 
 def importance_log_ratio(
@@ -69,4 +78,39 @@ def is_weight_stats(weights: torch.Tensor, prefix: str = "actor/importance_weigh
         f"{prefix}_min": float(w.min()),
         f"{prefix}_max": float(w.max()),
         f"{prefix}_ess": ess,
+    }
+
+
+def raw_is_stats(
+    log_ratio_BT: torch.Tensor,
+    mask_BT: torch.Tensor,
+    level: str = "sequence",
+    threshold: float | None = 2.0,
+    prefix: str = "mixture/is",
+) -> dict[str, float]:
+    """What truncation hides: the *untruncated* weights at ``level`` (one per sequence, or one
+    per token), their mean and max, their normalised effective sample size (Σw)²/(n·Σw²), and
+    the share above ``threshold`` (the ones min(w, C) changes; 0 when untruncated).
+
+    ``log_ratio_BT`` is ``importance_log_ratio``'s (per token clamped to ±20); a sequence's
+    log-weight is their sum, capped at 50 for the mean and max only (the ESS is scale-free)."""
+    if level not in IS_LEVELS:
+        raise ValueError(f"unknown IS level {level!r}; known: {', '.join(IS_LEVELS)}")
+    lr = log_ratio_BT.detach().double()
+    if level == "sequence":
+        has = mask_BT.sum(-1) > 0
+        lw = masked_sum(lr, mask_BT, dim=-1)[has]
+    else:
+        lw = lr[mask_BT != 0]
+    if lw.numel() == 0:
+        return {}
+    rel = torch.exp(lw - lw.max())  # scale-free: no overflow however large the weights
+    w = torch.exp(lw.clamp(max=_RAW_CLAMP))
+    return {
+        f"{prefix}_weight_raw_mean": float(w.mean()),
+        f"{prefix}_weight_raw_max": float(w.max()),
+        f"{prefix}_ess": float(rel.sum() ** 2 / (rel.numel() * (rel**2).sum())),
+        f"{prefix}_truncated_frac": (
+            float((lw > math.log(threshold)).double().mean()) if threshold is not None else 0.0
+        ),
     }

@@ -11,14 +11,19 @@ Config (the design's keys; off unless ``rollout_only.model_path`` is set)::
       bypass_mode: false           # false: decoupled PPO + truncated IS (default); true: the
       rollout_is: sequence         #   design's literal π_fixed-as-old (biased, docs/mixture.md)
       rollout_is_threshold: 2.0    # C in min(π_old/π_fixed, C); null = untruncated
+      fixed_loss: is               # is | shaped: LUFFY's −A·r/(r + γ) (beyond the design)
+      shaping_gamma: 0.1           #   γ; shaping_ratio: ratio (π/π_fixed) | prob (π)
       extra_policies: [...]        # more fixed policies (unset fields take rollout_only's)
     rollout_allocation_schedule:
       type: constant               # constant|linear|exponential|step|adaptive|module:Class
       alpha: 0.5
+      groups: whole                # whole | mixed: k = fixed_per_group fixed samples join the
+      fixed_per_group: 1           #   actor's group of n; GRPO over n + k (beyond the design)
 
 The fixed policies must share the actor's tokenizer (checked at startup) and sample on the
 actor's backend (HF or vLLM). Rows carry their sampler in ``Batch.policies``; see
-``correction`` for what the loss does with them and ``schedule`` for the schedule API.
+``correction`` for what the loss does with them, ``groups`` for mixed groups and ``schedule``
+for the schedule API.
 """
 
 from toolgrpo.mixture.correction import ROLLOUT_IS_LEVELS, Correction, correct_fixed_rows

@@ -1,9 +1,11 @@
 """The trainer's view of a mixture: who samples which tasks this step, and the IS correction.
 
-Two hooks: ``rollout_parts`` splits a step's tasks between the actor and the fixed policies
-(whole prompt groups, never a group split); ``correct`` rewrites the old log-probs (and, when
-decoupled, the IS weights) of the rows a fixed policy sampled, after the trainer chose the
-actor's, and logs the support gap. Both feed their metrics to the schedule (``observe``), which
+Three hooks: ``rollout_parts`` splits a step's tasks between the actor and the fixed policies
+(whole prompt groups by default; with ``groups=mixed`` the actor samples every task and the
+fixed policies add k samples to the groups the schedule gives them), ``join_groups`` moves those
+samples into their actor group (``groups``), and ``correct`` rewrites the old log-probs (and
+the IS weights, or the shaping mask) of the rows a fixed policy sampled, after the trainer chose
+the actor's, and logs the support gap. Both feed their metrics to the schedule (``observe``), which
 an adaptive schedule reads; on resume they are replayed from ``metrics.jsonl``.
 """
 
@@ -13,7 +15,7 @@ import json
 import logging
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from statistics import fmean
 from typing import TYPE_CHECKING, Any
@@ -23,6 +25,7 @@ import torch
 from toolgrpo.config.schema import TrainConfig
 from toolgrpo.data.task import Task
 from toolgrpo.mixture.correction import correct_fixed_rows
+from toolgrpo.mixture.groups import group_signal_metrics, join_groups
 from toolgrpo.mixture.policies import FixedPolicies, fixed_specs
 from toolgrpo.mixture.schedule import ACTOR, allocate, build_schedule
 from toolgrpo.mixture.support import support_gap
@@ -43,6 +46,7 @@ class RolloutPart:
     tasks: list[Task]
     generator: Any
     params: SamplingParams
+    groups: list[int] | None = None  # mixed groups: each task's index among the step's tasks
 
     def activate(self) -> None:
         """Before this part plays: a vLLM engine shared by the actor and a fixed policy holds
@@ -73,6 +77,12 @@ class Mixture:
             ro.rollout_is,
             ro.rollout_is_threshold,
         )
+        self.objective, self.gamma, self.shaping_ratio = (
+            ro.fixed_loss,
+            ro.shaping_gamma,
+            ro.shaping_ratio,
+        )
+        self.mixed, self.k = sc.groups == "mixed", sc.fixed_per_group
         self._metrics_file = Path(cfg.trainer.output_dir) / "metrics.jsonl"
         self._replayed = False
         specs = fixed_specs(cfg)
@@ -107,16 +117,29 @@ class Mixture:
         )
         parts = []
         try:
+            if self.mixed:  # the actor samples every task; "fixed" adds k samples to its group
+                every = list(range(len(tasks)))
+                parts.append(RolloutPart(ACTOR, list(tasks), actor_generator, actor_params, every))
             for label in dict.fromkeys(labels):  # first-seen order, deterministic
-                sub = [t for t, lab in zip(tasks, labels, strict=True) if lab == label]
+                idx = [i for i, lab in enumerate(labels) if lab == label]
+                sub = [tasks[i] for i in idx]
                 if label == ACTOR:
-                    parts.append(RolloutPart(label, sub, actor_generator, actor_params))
+                    if not self.mixed:
+                        parts.append(RolloutPart(label, sub, actor_generator, actor_params))
+                    continue
+                gen, params = self.fixed.generator(label), self.fixed.specs[label].params
+                if self.mixed:
+                    parts.append(RolloutPart(label, sub, gen, replace(params, n=self.k), idx))
                 else:
-                    gen, params = self.fixed.generator(label), self.fixed.specs[label].params
                     parts.append(RolloutPart(label, sub, gen, params))
             yield parts
         finally:
             self.fixed.release()
+
+    def join_groups(self, parts: Sequence[RolloutPart], items: Sequence[Any]) -> list[Any]:
+        """After generation: with mixed groups, each fixed sample takes the uid of its task's
+        actor group (``groups.join_groups``); whole groups are returned as they are."""
+        return join_groups(parts, items)
 
     def close(self) -> None:
         """Release the fixed policies' vLLM engines (HF models go with the process)."""
@@ -170,9 +193,14 @@ class Mixture:
         ``recomputed``: the trainer already holds the actor's log-probs of every row in
         ``old_logprobs_BR``; otherwise they are computed here, for the fixed rows only."""
         fixed_B = torch.tensor([p != ACTOR for p in batch.policies], dtype=torch.bool)
-        if not batch.policies or not bool(fixed_B.any()):
-            return {"actor/importance_sampling": 0.0}
         metrics: dict[str, float] = {}
+        if self.mixed and batch.scores_B is not None:
+            scores = batch.scores_B.tolist()
+            metrics.update(
+                group_signal_metrics(batch.uids, batch.policies, scores, batch.is_negative)
+            )
+        if not batch.policies or not bool(fixed_B.any()):
+            return {"actor/importance_sampling": 0.0, **metrics}
         if recomputed:  # the trainer's mismatch metrics already cover the actor's rows only
             current = batch.old_logprobs_BR
         else:
@@ -189,8 +217,12 @@ class Mixture:
             self.bypass,
             self.level,
             self.threshold,
+            self.objective,
+            self.gamma,
+            self.shaping_ratio,
         )
         batch.old_logprobs_BR, batch.is_weights_BR = c.old_logprobs_BR, c.is_weights_BR
+        batch.shaping_BR = c.shaping_BR
         self.schedule.observe(c.metrics)
         metrics["actor/is_support_gap"] = self._support_gap(batch, actor, fixed_B)
         metrics["rollout/fixed_groups_with_signal"] = fixed_groups_with_signal(batch)

@@ -15,6 +15,7 @@ import torch
 
 from toolgrpo import progress
 from toolgrpo.algos import agg_loss, get_policy_loss, kl_loss, value_loss
+from toolgrpo.algos.offpolicy import shaped_policy_loss
 from toolgrpo.config.schema import TrainConfig
 from toolgrpo.distributed.fsdp import Ranks, shard
 from toolgrpo.models.compiled import compile_training_blocks
@@ -285,6 +286,13 @@ class Actor:
             loss_scale_factor=scale,
             **is_w,
         )
+        if mb.shaping_BR is not None:  # the mixture's fixed rows under policy shaping (LUFFY)
+            ro = self.cfg.rollout_only
+            fixed_lp = mb.rollout_logprobs_BR[:, :r] if ro.shaping_ratio == "ratio" else None
+            adv, shaped_BR = mb.advantages_BR[:, :r], mb.shaping_BR[:, :r]
+            args = (ro.shaping_gamma, fixed_lp, acfg.loss_agg_mode, scale, shaped_BR)
+            shaped, _ = shaped_policy_loss(lp, adv, mask, *args)
+            pg = pg + shaped  # the PPO term has weight 0 on those tokens
         entropy = agg_loss(ent, mask, acfg.loss_agg_mode, scale)
         loss = pg - acfg.entropy_coeff * entropy
         metrics = {
