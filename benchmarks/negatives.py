@@ -1,288 +1,317 @@
-"""Tool rollback + negative samples on and off, from the agent warm start (issues #6, #16).
+"""Tool rollback that does not hide failures: four ways to treat a failed tool call, trained from
+the agent warm start and scored held out, paired by task against no rollback.
 
-Two runs of the agent main job (configs/agent_smollm2_grpo.yaml) with the same steps and seed on
-calculator + search, whose tools can fail: ``off`` plays episodes as they come; ``on`` rolls
-failing tool turns back, retries them and trains on the failed attempts as negative members of
-their group. Each arm's final checkpoint and the warm start are then scored by ``toolgrpo eval``
-on every held-out calculator and search test task (200, greedy, no rollback), and compared
-**paired by task**: accuracy and the share of episodes with a tool error, each difference with
-the standard error of the per-task difference. During training the error rate counts every
-call the policy made, rolled-back attempts included, so the two arms measure the same thing.
+Arms (docs/multi_turn.md, "Tool-call rollback"): ``no_rollback``; ``rollback_no_negatives``
+(design 004 with negatives off: retried failures are erased); ``rollback_negatives`` (the
+default: every retried failure is a negative, no cap); ``fission`` (the failure stays, its
+error feedback is gone on from on-policy, the failing turn trains as a negative). For each arm
+and seed, ``toolgrpo train configs/agent_smollm2_grpo.yaml`` on calculator + search (the task
+types whose tools can fail), then ``toolgrpo eval`` of the final checkpoint on every held-out
+calculator and search task (200, greedy, no rollback), paired by task with ``no_rollback`` of
+the same seed (``toolgrpo.eval.paired``). Finished runs and evals are reused, so an interrupted
+run resumes where it stopped; one ``--work`` holds one setting (its overrides are checked).
 
-Run by hand (SmolLM2: about an hour on a 2-core CPU):
-    python benchmarks/negatives.py [--steps 12] [k=v ...]
-Writes benchmarks/results/negatives.json and negatives.png (or ``--results DIR``) and prints
-the tables. ``key=value`` overrides apply to both runs and the evaluations.
+    python benchmarks/negatives.py --seeds 0 1            # ~4 runs x 35 min a seed on 2 cores
+    python benchmarks/negatives.py --seeds 0 1 --report   # only re-read what is there
+
+Writes ``benchmarks/results/negatives.json``: ``arms.<name>`` with ``accuracy``,
+``tool_error_rate`` (errors per call), ``episodes_with_tool_error``, each with ``*_se`` (over
+tasks and, with several seeds, between seeds), ``by_type``, ``training`` (means over steps of
+the training metrics, first-try and repaired rewards apart) and, for every arm but the
+baseline, ``vs_no_rollback.<measure>`` (``diff``, ``se``, ``z``, per seed).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
+import math
 import subprocess
 import sys
-import tempfile
-import time
+from collections.abc import Mapping
 from pathlib import Path
-from statistics import fmean
-from typing import Any
+from statistics import fmean, stdev
+from typing import Any, NamedTuple
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
 
-from rich.console import Console  # noqa: E402
-from rich.table import Table  # noqa: E402
+from toolgrpo.eval.paired import load_outcomes, paired_values  # noqa: E402
 
-from toolgrpo.eval.episodes import binomial_se  # noqa: E402
-from toolgrpo.eval.paired import MEASURES, format_rows, load_outcomes, paired  # noqa: E402
-
-ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "configs" / "agent_smollm2_grpo.yaml"
 TASK_TYPES = ("calculator", "search")
 MT = "actor_rollout_ref.rollout.multi_turn."
-ARMS = {
-    "off": [f"{MT}enable_tool_rollback=false"],
-    "on": [f"{MT}enable_tool_rollback=true", f"{MT}save_negative_samples=true"],
+BASELINE = "no_rollback"
+ARMS: dict[str, list[str]] = {
+    "no_rollback": [f"{MT}enable_tool_rollback=false"],
+    "rollback_no_negatives": [f"{MT}enable_tool_rollback=true", f"{MT}save_negative_samples=false"],
+    "rollback_negatives": [f"{MT}enable_tool_rollback=true"],  # the defaults: retry, no cap
+    "fission": [f"{MT}enable_tool_rollback=true", f"{MT}rollback_mode=fission"],
 }
-KEPT_PREFIXES = ("episode/", "rollout/", "reward/mean", "batch/size", "timing/", "actor/")
-CLI = [sys.executable, "-m", "toolgrpo.cli"]
+MEASURES = ("accuracy", "tool_error_rate", "episodes_with_tool_error")
+TRAINING_KEYS = (
+    "reward/mean",
+    "reward/first_try_mean",
+    "reward/repaired_mean",
+    "rollback/repaired_frac",
+    "episode/tool_error_rate",
+    "rollout/negative_samples",
+    "rollback/failed",
+    "rollback/erased",
+    "rollback/forks",
+    "batch/size",
+)
+STEPS = 16  # the config's total_training_steps
 
 
-def _run(cmd: list[str], log: Path) -> float:
-    """Run one toolgrpo command, its output to ``log``; its wall time. A failure stops here."""
-    t0 = time.time()
-    with log.open("w") as f:
-        proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, check=False)
-    if proc.returncode != 0:
-        tail = "\n".join(log.read_text().splitlines()[-20:])
-        raise SystemExit(f"{' '.join(cmd)} failed (exit {proc.returncode}):\n{tail}")
-    return time.time() - t0
+def toolgrpo(*args: str, log: Path) -> None:
+    """Run the CLI (same interpreter), its output appended to ``log``; stop on failure."""
+    cmd = [sys.executable, "-m", "toolgrpo.cli", *args]
+    print("$", " ".join(cmd), flush=True)
+    with log.open("a") as fh:
+        rc = subprocess.run(cmd, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT).returncode
+    if rc != 0:
+        raise SystemExit(f"failed (rc {rc}): {' '.join(args)}; see {log}")
 
 
-def run_arm(name: str, overrides: list[str], out: Path) -> tuple[list[dict[str, float]], float]:
-    """One training run in its own process; its per-step metrics and wall time."""
-    run_dir = [f"trainer.output_dir={out}", f"trainer.rollout_data_dir={out / 'rollout_data'}"]
-    cmd = [*CLI, "train", str(CONFIG), *overrides, *ARMS[name], *run_dir]
-    seconds = _run(cmd, out.parent / f"train_{name}.log")
-    rows = []
-    for line in (out / "metrics.jsonl").read_text().splitlines():
-        rec = json.loads(line)
-        if rec.get("step", 0) > 0:
-            kept = {k: float(v) for k, v in rec.items() if k.startswith(KEPT_PREFIXES)}
-            rows.append({"step": rec["step"], **kept})
-    return rows, seconds
+def run_dir(work: Path, arm: str, seed: int) -> Path:
+    return work / arm / f"seed_{seed}"
 
 
-def evaluate(label: str, checkpoint: Path | None, extra: list[str], work: Path) -> Path:
-    """``toolgrpo eval`` on every calculator and search test task, every episode kept."""
-    out = work / f"eval_{label}.json"
-    ckpt = ["--checkpoint", str(checkpoint)] if checkpoint else []
+def eval_path(work: Path, arm: str, seed: int) -> Path:
+    return work / f"eval_{arm}_seed_{seed}.json"
+
+
+def final_checkpoint(run: Path, steps: int) -> Path | None:
+    ck = run / "checkpoints" / f"global_step_{steps}"
+    return ck if (ck / "trainer_state.json").is_file() else None
+
+
+def train_args(arm: str, seed: int, run: Path, steps: int, extra: list[str]) -> list[str]:
+    """``toolgrpo train`` arguments of one arm and seed (held-out scoring comes after)."""
+    return [
+        "train",
+        str(CONFIG),
+        f"data.train_files=[{','.join(f'{t}:train' for t in TASK_TYPES)}]",
+        f"trainer.total_training_steps={steps}",
+        "trainer.val_before_train=false",
+        "trainer.test_freq=-1",
+        "trainer.logger=[console,jsonl]",
+        f"trainer.seed={seed}",
+        f"trainer.output_dir={run}",
+        f"trainer.rollout_data_dir={run / 'rollout_data'}",
+        *ARMS[arm],
+        *extra,
+    ]
+
+
+def eval_args(checkpoint: Path, out: Path) -> list[str]:
     files = f"data.val_files=[{','.join(f'{t}:test' for t in TASK_TYPES)}]"
-    cmd = [*CLI, "eval", *ckpt, "--samples", "1000", "--output", str(out), str(CONFIG), files]
-    _run([*cmd, *extra], work / f"eval_{label}.log")
-    return out
+    return ["eval", "--checkpoint", str(checkpoint), "--samples", "1000", "--output", str(out),
+            str(CONFIG), files]  # fmt: skip
 
 
-def eval_summary(path: Path) -> dict[str, Any]:
-    """Per task type: accuracy, tool-call and tool-error rates (per call), with their SEs."""
-    summary = json.loads(path.read_text())["summary"]
-    out: dict[str, Any] = {}
-    for t in (*TASK_TYPES, "all"):
-        s = summary.get(t)
-        if not s:
-            continue
-        calls = s["calls_per_episode"] * s["episodes"]
-        err = s["tool_error_rate"]
-        out[t] = {
-            "accuracy": s["accuracy"],
-            "accuracy_se": s["accuracy_se"],
-            "tool_call_rate": s["tool_call_rate"],
-            "tool_error_rate": err,
-            "tool_error_rate_se": binomial_se(err, round(calls)),
-            "tool_errors": s.get("tool_errors", {}),
-            "episodes": s["episodes"],
-        }
-    return out
+# ---- summaries (pure: read files, compute) -----------------------------------------------------
+
+Values = dict[str, float]  # task id -> one number
 
 
-def summarize(rows: list[dict[str, float]], seconds: float) -> dict[str, Any]:
-    """Error rates weighted by calls (overall), per task type averaged over the steps it ran."""
-
-    def rate(part: list[dict[str, float]], prefix: str = "episode/") -> float:
-        calls = sum(r.get(f"{prefix}tool_calls/mean", 0.0) for r in part)
-        errors = sum(r.get(f"{prefix}tool_errors/mean", 0.0) for r in part)
-        return errors / calls if calls else 0.0
-
-    half = rows[len(rows) // 2 :]
-    out: dict[str, Any] = {
-        "tool_error_rate": rate(rows),
-        "tool_error_rate_last_half": rate(half),
-        "tool_error_rate_first_step": rate(rows[:1]),
-        "reward_mean": fmean(r.get("episode/reward/mean", 0.0) for r in rows),
-        "rollbacks": sum(r.get("rollout/rollbacks", 0.0) for r in rows),
-        "retries": sum(r.get("rollout/retries", 0.0) for r in rows),
-        "negative_samples": sum(r.get("rollout/negative_samples", 0.0) for r in rows),
-        "seconds_per_step": seconds / max(len(rows), 1),
-    }
-    recovered = sum(
-        r.get("rollout/retry_success_rate", 0.0) * r.get("rollout/rollbacks", 0.0) for r in rows
-    )
-    out["retry_success_rate"] = recovered / out["rollbacks"] if out["rollbacks"] else 0.0
-    for t in TASK_TYPES:
-        seen = [r for r in rows if f"episode/{t}/tool_calls/mean" in r]
-        out[f"{t}/tool_error_rate"] = rate(seen, f"episode/{t}/") if seen else None
-    return out
+class Outcome(NamedTuple):
+    task_type: str
+    success: float
+    errors: int
+    calls: int
 
 
-def plot(runs: dict[str, list[dict[str, float]]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for arm, rows in runs.items():
-        steps = [r["step"] for r in rows]
-        line = ax.plot(steps, [r.get("episode/tool_error_rate", 0.0) for r in rows], marker="o")
-        line[0].set_label(f"negatives {arm}: all task types")
-        for t, style in zip(TASK_TYPES, ("--", ":"), strict=True):
-            pts = [
-                (r["step"], r[f"episode/{t}/tool_error_rate"])
-                for r in rows
-                if f"episode/{t}/tool_error_rate" in r
-            ]
-            if pts:
-                ax.plot(
-                    *zip(*pts, strict=True),
-                    style,
-                    color=line[0].get_color(),
-                    label=f"negatives {arm}: {t}",
-                )
-    ax.set_xlabel("training step")
-    ax.set_ylabel("tool error rate (every call, retries included)")
-    ax.set_ylim(bottom=0)
-    ax.legend(fontsize=8)
-    ax.set_title("Tool error rate with and without rollback + negative samples")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
-def _fmt(h: dict[str, Any], key: str) -> str:
-    return f"{h[key]:.3f} ± {h[key + '_se']:.3f}" if h else "-"
-
-
-def comparisons(evals: dict[str, Path]) -> dict[str, dict[str, Any]]:
-    """Paired differences (after − before) by task: each arm vs the warm start, on vs off."""
-    outcomes = {k: load_outcomes(v) for k, v in evals.items()}
-    pairs = {"off - warm_start": ("warm_start", "off"), "on - warm_start": ("warm_start", "on")}
-    pairs["on - off"] = ("off", "on")
+def read_eval(path: Path) -> dict[str, Outcome]:
+    """task id -> outcome, from a ``toolgrpo eval`` JSON that kept every episode."""
+    outcomes = load_outcomes(path)  # full marks by task type; refuses an incomplete eval
+    samples = json.loads(path.read_text())["samples"]
+    calls = {x["task_id"]: int(x.get("tool_calls") or 0) for x in samples}
     return {
-        name: {m: paired(outcomes[a], outcomes[b], m) for m in MEASURES}
-        for name, (a, b) in pairs.items()
+        t: Outcome(o.task_type, o.success, o.tool_errors, calls[t]) for t, o in outcomes.items()
     }
+
+
+def measure(outcomes: Mapping[str, Outcome], name: str, task_type: str | None = None) -> Values:
+    """One number per task (of ``task_type``, or all). The tool error rate (errors / calls over
+    the episodes) is a ratio: each task gets its linearised value r + (e_i - r c_i) / mean(c),
+    whose mean is r and whose SE is the ratio's (delta method), so it pairs and pools like a
+    per-task mean."""
+    ids = sorted(t for t, o in outcomes.items() if task_type in (None, o.task_type))
+    if name == "accuracy":
+        return {t: outcomes[t].success for t in ids}
+    if name == "episodes_with_tool_error":
+        return {t: float(outcomes[t].errors > 0) for t in ids}
+    mean_calls = fmean(outcomes[t].calls for t in ids) if ids else 0.0
+    if not mean_calls:
+        return {t: 0.0 for t in ids}
+    r = sum(outcomes[t].errors for t in ids) / sum(outcomes[t].calls for t in ids)
+    return {t: r + (outcomes[t].errors - r * outcomes[t].calls) / mean_calls for t in ids}
+
+
+def pooled(by_seed: Mapping[int, Values]) -> dict[str, Any]:
+    """One measure over seeds: the mean over tasks of each task's mean over seeds; its SE adds
+    the SE over tasks and the SE between the seeds' means (conservative: the seed-by-task
+    noise is counted twice), as benchmarks/main_job_seeds.py does."""
+    common = sorted(set.intersection(*(set(v) for v in by_seed.values())))
+    per_task = [fmean(by_seed[s][t] for s in by_seed) for t in common]
+    se_tasks = stdev(per_task) / math.sqrt(len(per_task)) if len(per_task) > 1 else 0.0
+    seed_means = [fmean(v[t] for t in common) for v in by_seed.values()]
+    se_seeds = stdev(seed_means) / math.sqrt(len(seed_means)) if len(seed_means) > 1 else 0.0
+    return {
+        "value": fmean(per_task),
+        "se": math.hypot(se_tasks, se_seeds),
+        "se_over_tasks": se_tasks,
+        "se_between_seeds": se_seeds if len(seed_means) > 1 else None,
+        "tasks": len(per_task),
+    }
+
+
+def paired_pooled(base: Mapping[int, Values], arm: Mapping[int, Values]) -> dict[str, Any]:
+    """arm - base, paired by task within each seed, then pooled over the seeds both ran."""
+    seeds = sorted(base.keys() & arm.keys())
+    per_seed = [dict(paired_values(base[s], arm[s]), seed=s) for s in seeds]
+    diffs = {s: {t: arm[s][t] - base[s][t] for t in base[s].keys() & arm[s].keys()} for s in seeds}
+    p = pooled(diffs)
+    return {
+        "diff": p["value"],
+        "se": p["se"],
+        "se_over_tasks": p["se_over_tasks"],
+        "se_between_seeds": p["se_between_seeds"],
+        "z": p["value"] / p["se"] if p["se"] > 0 else float("nan"),
+        "tasks": p["tasks"],
+        "per_seed": per_seed,
+    }
+
+
+def training_summary(metrics_jsonl: Path) -> dict[str, float]:
+    """Means over the training steps of the metrics that tell the arms apart (a key absent
+    from every step, e.g. reward/repaired_mean without rollback, is left out)."""
+    if not metrics_jsonl.is_file():
+        return {}
+    rows = [json.loads(line) for line in metrics_jsonl.read_text().splitlines() if line.strip()]
+    rows = [r for r in rows if r.get("step", 0) > 0]
+    out = {}
+    for key in TRAINING_KEYS:
+        vals = [float(r[key]) for r in rows if key in r]
+        if vals:
+            out[key] = fmean(vals)
+    out["steps"] = float(len(rows))
+    return out
+
+
+def summarize(work: Path, arms: list[str], seeds: list[int], steps: int = STEPS) -> dict:
+    """Every arm with at least one evaluated seed; differences against the baseline on the
+    seeds both have."""
+    evals = {
+        arm: {
+            s: read_eval(eval_path(work, arm, s))
+            for s in seeds
+            if eval_path(work, arm, s).is_file()
+        }
+        for arm in arms
+    }
+    evals = {arm: by_seed for arm, by_seed in evals.items() if by_seed}
+    extra = work / "overrides.json"
+    out: dict[str, Any] = {
+        "config": str(CONFIG.relative_to(ROOT)),
+        "overrides": json.loads(extra.read_text()) if extra.is_file() else [],
+        "steps": steps,
+        "seeds": seeds,
+        "task_types": list(TASK_TYPES),
+        "baseline": BASELINE,
+        "arms": {},
+    }
+    for arm, by_seed in evals.items():
+        rec: dict[str, Any] = {"overrides": ARMS[arm], "seeds": sorted(by_seed)}
+        for m in MEASURES:
+            p = pooled({s: measure(o, m) for s, o in by_seed.items()})
+            rec[m], rec[f"{m}_se"], rec["tasks"] = p["value"], p["se"], p["tasks"]
+        types = sorted({o.task_type for outcomes in by_seed.values() for o in outcomes.values()})
+        rec["by_type"] = {}
+        for t in types:
+            for m in ("accuracy", "tool_error_rate"):
+                p = pooled({s: measure(o, m, t) for s, o in by_seed.items()})
+                rec["by_type"].setdefault(t, {}).update({m: p["value"], f"{m}_se": p["se"]})
+        rec["training"] = {
+            str(s): training_summary(run_dir(work, arm, s) / "metrics.jsonl") for s in by_seed
+        }
+        if arm != BASELINE and BASELINE in evals:
+            base = evals[BASELINE]
+            rec["vs_no_rollback"] = {
+                m: paired_pooled(
+                    {s: measure(o, m) for s, o in base.items()},
+                    {s: measure(o, m) for s, o in by_seed.items()},
+                )
+                for m in MEASURES
+            }
+        out["arms"][arm] = rec
+    return out
+
+
+def table(result: dict) -> str:
+    """One row per arm: held-out accuracy and tool error rate, each with its paired difference
+    against no rollback, and what training saw (first-try vs repaired reward)."""
+    head = (f"{'arm':<22} {'accuracy':>15} {'vs no_rollback':>16} {'tool err/call':>15} "
+            f"{'vs no_rollback':>16} {'repaired':>9} {'first-try r':>11}")  # fmt: skip
+    lines = [head, "-" * len(head)]
+    for arm, r in result["arms"].items():
+        vs = r.get("vs_no_rollback", {})
+
+        def diff(m: str, vs: dict = vs) -> str:
+            return f"{100 * vs[m]['diff']:+.1f} ± {100 * vs[m]['se']:.1f}" if m in vs else "-"
+
+        train = [t for t in r["training"].values() if t]
+        rep = fmean(t.get("rollback/repaired_frac", 0.0) for t in train) if train else 0.0
+        first = [t["reward/first_try_mean"] for t in train if "reward/first_try_mean" in t]
+        lines.append(
+            f"{arm:<22} {100 * r['accuracy']:>7.1f} ± {100 * r['accuracy_se']:<4.1f} "
+            f"{diff('accuracy'):>16} {100 * r['tool_error_rate']:>7.1f} ± "
+            f"{100 * r['tool_error_rate_se']:<4.1f} {diff('tool_error_rate'):>16} "
+            f"{100 * rep:>8.0f}% {fmean(first) if first else float('nan'):>11.3f}"
+        )
+    return "\n".join(lines)
+
+
+def write(result: dict, out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"held-out calculator + search (percent; ± SE over tasks and seeds), {out}:")
+    print(table(result))
 
 
 def main(argv: list[str]) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=12)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results")
-    ap.add_argument("--work", type=Path, default=None, help="run directories (default: a tmp dir)")
-    args, extra = ap.parse_known_args(argv)
-    work = args.work or Path(tempfile.mkdtemp(prefix="toolgrpo_negatives_"))
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    ap.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS))
+    ap.add_argument("--steps", type=int, default=STEPS)
+    ap.add_argument("--work", type=Path, default=ROOT / "outputs" / "negatives")
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "negatives.json")
+    ap.add_argument("--report", action="store_true", help="summarize what is there; run nothing")
+    ap.add_argument("overrides", nargs="*", help="key=value for every training run (not evals)")
+    args = ap.parse_args(argv)
+    work = args.work
     work.mkdir(parents=True, exist_ok=True)
-    overrides = [
-        f"data.train_files=[{','.join(f'{t}:train' for t in TASK_TYPES)}]",
-        f"trainer.total_training_steps={args.steps}",
-        "trainer.val_before_train=false",  # held-out scoring is done by toolgrpo eval afterwards
-        "trainer.test_freq=-1",
-        f"trainer.seed={args.seed}",
-        f"data.seed={args.seed}",
-        "trainer.logger=[jsonl]",
-        "trainer.save_freq=-1",  # the final checkpoint only
-        "trainer.save_hf_model=false",
-        "trainer.resume=disable",
-        "trainer.overwrite_output_dir=true",  # a re-run replaces (moves aside) the last one
-        *extra,
-    ]
-    runs, summary = {}, {}
-    for arm in ARMS:
-        rows, seconds = run_arm(arm, overrides, work / arm)
-        runs[arm], summary[arm] = rows, summarize(rows, seconds)
-        print(f"{arm}: {len(rows)} steps in {seconds:.0f} s", flush=True)
-    evals = {"warm_start": evaluate("warm_start", None, extra, work)}
-    for arm in ARMS:
-        ckpt = work / arm / "checkpoints" / f"global_step_{args.steps}"
-        evals[arm] = evaluate(arm, ckpt, extra, work)
-    for name, path in evals.items():
-        summary.setdefault(name, {})["held_out"] = eval_summary(path)
-    paired_results = comparisons(evals)
-    args.results.mkdir(parents=True, exist_ok=True)
-    record = {
-        "config": str(CONFIG.relative_to(ROOT)),
-        "overrides": overrides,
-        "arms": {k: v for k, v in ARMS.items()},
-        "cpu_flags": cpu_flags(),
-        "load_average_at_end": os.getloadavg(),
-        "summary": summary,
-        "paired": paired_results,
-        "steps": runs,
-    }
-    (args.results / "negatives.json").write_text(json.dumps(record, indent=1))
-    plot(runs, args.results / "negatives.png")
-    t = Table(
-        title=f"Held-out (greedy, toolgrpo eval) after {args.steps} steps, negatives on vs off"
-    )
-    for c in ("policy", *(f"{ty} {m}" for ty in TASK_TYPES for m in ("accuracy", "tool errors"))):
-        t.add_column(c)
-    for name in ("warm_start", *ARMS):
-        h = summary[name]["held_out"]
-        cells = []
-        for ty in TASK_TYPES:
-            cells += [_fmt(h.get(ty, {}), "accuracy"), _fmt(h.get(ty, {}), "tool_error_rate")]
-        t.add_row(name if name == "warm_start" else f"negatives {name}", *cells)
-    Console(width=150).print(t)
-    for name, by_measure in paired_results.items():
-        for measure, result in by_measure.items():
-            print(f"paired {name}, {measure}:")
-            print("\n".join(format_rows(result)))
-    t = Table(title=f"During training ({args.steps} steps, seed {args.seed})")
-    cols = ("negatives", "error rate", "last half", *TASK_TYPES, "reward", "rollbacks")
-    for c in (*cols, "retry ok", "negatives kept", "s/step"):
-        t.add_column(c)
-    for arm in ARMS:
-        s = summary[arm]
-        per_type = [
-            "-" if s[f"{ty}/tool_error_rate"] is None else f"{s[f'{ty}/tool_error_rate']:.3f}"
-            for ty in TASK_TYPES
-        ]
-        t.add_row(
-            arm,
-            f"{s['tool_error_rate']:.3f}",
-            f"{s['tool_error_rate_last_half']:.3f}",
-            *per_type,
-            f"{s['reward_mean']:.3f}",
-            f"{s['rollbacks']:.0f}",
-            f"{s['retry_success_rate']:.2f}",
-            f"{s['negative_samples']:.0f}",
-            f"{s['seconds_per_step']:.1f}",
-        )
-    Console(width=150).print(t)
-    print(f"wrote {args.results / 'negatives.json'} and {args.results / 'negatives.png'}")
-
-
-def cpu_flags() -> list[str]:
-    """The CPU features that decide torch's speed here (AVX2 vs AVX512-BF16)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return []
-    flags = next(
-        (ln.split(":", 1)[1].split() for ln in text.splitlines() if ln.startswith("flags")), []
-    )
-    return sorted(f for f in flags if f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16"))
+    log = work / "log.txt"
+    if not args.report:
+        setting = {"overrides": args.overrides, "steps": args.steps}
+        saved = work / "setting.json"
+        if saved.is_file() and json.loads(saved.read_text()) != setting:
+            raise SystemExit(f"{work} holds runs of another setting ({saved}): use another --work")
+        saved.write_text(json.dumps(setting))
+        (work / "overrides.json").write_text(json.dumps(args.overrides))
+        for s in args.seeds:  # seed-major: each seed's comparison lands complete
+            for arm in args.arms:
+                run = run_dir(work, arm, s)
+                if final_checkpoint(run, args.steps) is None:  # resume: auto picks up a partial run
+                    toolgrpo(*train_args(arm, s, run, args.steps, args.overrides), log=log)
+                ck = final_checkpoint(run, args.steps)
+                assert ck is not None, f"{run} has no step-{args.steps} checkpoint"
+                if not eval_path(work, arm, s).is_file():
+                    toolgrpo(*eval_args(ck, eval_path(work, arm, s)), log=log)
+                write(summarize(work, args.arms, args.seeds, args.steps), args.out)
+    write(summarize(work, args.arms, args.seeds, args.steps), args.out)
 
 
 if __name__ == "__main__":

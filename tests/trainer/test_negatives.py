@@ -163,33 +163,56 @@ def test_negatives_are_left_out_when_not_kept():
         assert batch.size == 2 and batch.scores_B.tolist() == [1.0, 0.0]
 
 
-def test_runner_plays_with_rollback_and_caps_each_group(tiny_model_dir):
+@pytest.mark.parametrize("cap", [None, 1])
+def test_runner_plays_with_rollback_and_accounts_for_every_failure(tiny_model_dir, cap):
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
-    cfg = config(
-        **{
-            f"{KEY}envs": "{div: {type: test_div, max_turns: 4}}",
-            f"{KEY}max_negative_samples_per_group": "1",
-            "data.max_prompt_length": "8192",
-            "data.max_response_length": "600",
-        }
-    )
+    over = {
+        f"{KEY}envs": "{div: {type: test_div, max_turns: 4}}",
+        "data.max_prompt_length": "8192",
+        "data.max_response_length": "600",
+    }
+    if cap is not None:
+        over[f"{KEY}max_negative_samples_per_group"] = str(cap)
     # Every episode fails its first call; 4 of the retries fail again, then all recover.
     gen = AttemptGenerator(tok, {0: [BAD] * 20 + [GOOD], 1: [ANSWER]})
-    r = EpisodeRunner(cfg, gen, tok, EnvRouter({"div": {"type": "test_div", "max_turns": 4}}))
+    r = EpisodeRunner(config(**over), gen, tok, EnvRouter({"div": {"type": "test_div"}}))
     tasks = [TASK, Task("t1", TASK.messages, "2", "test", "div")]
     r.check(tasks)
     eps = r.play(tasks, SamplingParams(n=8, max_new_tokens=64), step=1, policy_version=0)
     batch, _ = r.to_batch(eps)
-    assert batch.size == 16 + 2 and sum(batch.is_negative) == 2
-    assert batch.scores_B[16:].tolist() == [-1.0, -1.0]
     m = episode_metrics(eps)
-    assert m["rollout/negative_samples"] == 2.0 and m["rollout/groups_with_negatives"] == 2.0
-    assert m["rollout/rollbacks"] == 16.0 and m["rollout/retries"] == 20.0
-    assert m["rollout/retry_success_rate"] == 1.0 and all(e.reward == 1.0 for e in eps)
+    negatives = 20 if cap is None else 2  # uncapped (the default): every failed attempt
+    assert batch.size == 16 + negatives and sum(batch.is_negative) == negatives
+    assert batch.scores_B[16:].tolist() == [-1.0] * negatives
+    assert m["rollout/negative_samples"] == negatives and m["rollout/groups_with_negatives"] == 2
+    assert m["rollback/failed"] == m["rollout/negative_samples"] + m["rollback/capped"]
+    assert m["rollback/erased"] == 0.0 and all(e.reward == 1.0 for e in eps)
+    if cap is None:
+        assert m["rollout/rollbacks"] == 16.0 and m["rollout/retries"] == 20.0
+        assert m["rollout/retry_success_rate"] == 1.0 and m["rollback/capped"] == 0.0
+        assert m["rollback/repaired_frac"] == 1.0 and m["reward/repaired_mean"] == 1.0
+        assert "reward/first_try_mean" not in m  # no episode is a first try here
+    else:  # one failure per group is a negative and retried; the 16 others stand (not erased)
+        assert m["rollout/rollbacks"] == 2.0 and m["rollback/capped"] == 16.0
+        assert m["rollback/repaired_frac"] == 2 / 16 and m["reward/first_try_mean"] == 1.0
     assert m["rollout/div/final_tool_error_rate"] <= m["episode/div/tool_error_rate"]
     assert not any(e.negatives for e in r.play(tasks, SamplingParams(n=2), 1, 0, rollback=False))
+
+
+def test_first_try_and_repaired_rewards_are_apart():
+    """reward/* used to average rollback-repaired episodes with first tries; the split says how
+    much of the reward the repairs bought."""
+    eps = [episode("g", r) for r in (1.0, 0.0, 1.0, 1.0)]
+    eps += [Episode("x", "other", "h", [1], [5], [1], [-0.1])]
+    eps[2].rollback.rollbacks = eps[3].rollback.rollbacks = 1
+    eps[4].reward = 0.5
+    m = episode_metrics(eps)
+    assert m["rollback/repaired_frac"] == 2 / 5
+    assert m["reward/first_try_mean"] == pytest.approx(0.5) and m["reward/repaired_mean"] == 1.0
+    assert m["reward/test/first_try_mean"] == 0.5 and m["reward/test/repaired_mean"] == 1.0
+    assert m["reward/other/first_try_mean"] == 0.5 and "reward/other/repaired_mean" not in m
 
 
 def test_rollback_metrics_by_hand():

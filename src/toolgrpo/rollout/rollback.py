@@ -1,35 +1,38 @@
 """Tool-call rollback (issue #6): when a turn's tool results look like a failure, put the episode
-and its environment back to where they were before that assistant turn and sample it again.
+and its environment back to where they were before that assistant turn and sample it again
+(mode ``retry``), or keep the failure with its error feedback and let the episode go on from it
+(mode ``fission``, after Fission-GRPO).
 
-The failed attempt can be kept as a ``NegativeSample``: it joins its task's GRPO group as an extra
-member scored ``negative_reward``. Only the failing turn is trained in it (mask 1); the shared
-prefix is masked out, since the parent episode already carries those turns with its own reward.
+No failed attempt is hidden (``failure_fate``): each is kept as a ``NegativeSample`` (an extra
+member of its task's GRPO group scored ``negative_reward``, only the failing turn trained), or it
+stands in the episode, trained under the episode's own reward. Only ``save_negative_samples=false``
+erases failures, and the metrics count each one (``rollback/erased``).
 """
 
 from __future__ import annotations
 
-import ast
-import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from toolgrpo.config.schema import (
     ROLLBACK_ERROR_JSON_KEYS,
     ROLLBACK_ERROR_PATTERNS,
     ROLLBACK_ERROR_TYPES,
+    ROLLBACK_MODES,
 )
 from toolgrpo.data.task import Task
 from toolgrpo.envs.base import Env
 from toolgrpo.envs.registry import EnvConfigError, EnvRouter
+from toolgrpo.rollout.tool_failures import compile_patterns, error_type, json_error
 from toolgrpo.tools.types import ToolCall, ToolResult
 
 if TYPE_CHECKING:
     from toolgrpo.rollout.episode import Episode
 
-_EXCEPTION_NAME = re.compile(r"\b([A-Z]\w*(?:Error|Exception))\b")
-_MAX_STRUCTURED_CHARS = 100_000  # longer output is not parsed for an error field
+# What becomes of one failed attempt (``failure_fate``).
+Fate = Literal["negative", "erased", "capped", "stands"]
 
 
 class SnapshotUnsupported(EnvConfigError):
@@ -37,30 +40,31 @@ class SnapshotUnsupported(EnvConfigError):
     the run instead of silently wasting episodes."""
 
 
-def compile_patterns(patterns: Sequence[str]) -> tuple[re.Pattern[str], ...]:
-    """Compiled regexes; a bad one raises ValueError naming it and its position."""
-    out = []
-    for i, p in enumerate(patterns):
-        try:
-            out.append(re.compile(p))
-        except re.error as e:
-            raise ValueError(f"pattern [{i}] {p!r} is not a valid regex: {e}") from None
-    return tuple(out)
-
-
 @dataclass(frozen=True)
 class RollbackPolicy:
     """What counts as a failed tool turn and what to do about it (from ``MultiTurnConfig``)."""
 
-    max_retries: int = 2  # re-samplings of one failing turn; then the last failure stands
+    max_retries: int = 2  # re-samplings (or forks) of one failing turn; then the failure stands
     save_negatives: bool = True
-    max_negatives_per_group: int = 2  # over all G episodes of a task, not per episode
+    # Over all G episodes of a task; None = every failed attempt. Past the cap a failure stands.
+    max_negatives_per_group: int | None = None
     negative_reward: float = -1.0
+    mode: str = "retry"  # retry: rewind and re-sample | fission: go on from the error feedback
     patterns: tuple[re.Pattern[str], ...] = field(
         default_factory=lambda: compile_patterns(ROLLBACK_ERROR_PATTERNS)
     )
     error_types: frozenset[str] = frozenset(ROLLBACK_ERROR_TYPES)
     json_error_keys: tuple[str, ...] = ROLLBACK_ERROR_JSON_KEYS
+
+    def __post_init__(self) -> None:
+        if self.mode not in ROLLBACK_MODES:
+            raise ValueError(f"rollback mode {self.mode!r} is not one of {ROLLBACK_MODES}")
+        if self.mode == "fission" and not self.save_negatives:
+            raise ValueError("fission trains each failing turn only in its negative sample")
+
+    @property
+    def keeps_negatives(self) -> bool:
+        return self.save_negatives and self.max_negatives_per_group != 0
 
     @classmethod
     def from_config(cls, mt: Any) -> RollbackPolicy | None:
@@ -68,11 +72,13 @@ class RollbackPolicy:
         and needs none."""
         if not mt.enable_tool_rollback or mt.max_tool_retries == 0:
             return None
+        cap = mt.max_negative_samples_per_group
         return cls(
             max_retries=int(mt.max_tool_retries),
             save_negatives=bool(mt.save_negative_samples),
-            max_negatives_per_group=int(mt.max_negative_samples_per_group),
+            max_negatives_per_group=None if cap is None else int(cap),
             negative_reward=float(mt.negative_reward),
+            mode=str(mt.rollback_mode),
             patterns=compile_patterns(mt.rollback_error_patterns),
             error_types=frozenset(mt.rollback_error_types),
             json_error_keys=tuple(mt.rollback_error_json_keys),
@@ -92,43 +98,35 @@ class RollbackPolicy:
         return any(p.search(text) for p in self.patterns) or json_error(text, self.json_error_keys)
 
 
-def json_error(text: str, keys: Sequence[str]) -> bool:
-    """True when ``text`` is a JSON object (or a non-empty list of them) with a non-empty value
-    under one of ``keys``: null, false, 0, "" and empty containers mean "no error". Python
-    literals are read too, since BFCL shows results that JSON cannot encode with ``str``."""
-    t = text.strip()
-    if not keys or not t or t[0] not in "{[" or len(t) > _MAX_STRUCTURED_CHARS:
-        return False
-    try:
-        value = json.loads(t)
-    except ValueError:
-        try:
-            value = ast.literal_eval(t)
-        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-            return False
-    items = value if isinstance(value, list) else [value]
-    return bool(items) and all(
-        isinstance(x, dict) and any(_is_set(x.get(k)) for k in keys) for x in items
-    )
-
-
-def _is_set(value: Any) -> bool:
-    return bool(value.strip()) if isinstance(value, str) else bool(value)
-
-
 @dataclass
 class NegativeBudget:
-    """The negatives one GRPO group may still keep; shared by the group's concurrent episodes
-    (asyncio runs them on one thread, so a plain counter is safe)."""
+    """The negatives one GRPO group may still keep (``limit`` None: no cap); shared by the
+    group's concurrent episodes (asyncio runs them on one thread, so a plain counter is safe)."""
 
-    limit: int
+    limit: int | None
     used: int = 0
 
     def take(self) -> bool:
-        if self.used >= self.limit:
+        if self.limit is not None and self.used >= self.limit:
             return False
         self.used += 1
         return True
+
+
+def failure_fate(policy: RollbackPolicy, attempts: int, budget: NegativeBudget | None) -> Fate:
+    """What becomes of a failed attempt, the turn having been retried (or forked) ``attempts``
+    times: ``stands`` once it has had ``max_retries`` (it stays in the episode, trained under the
+    episode's reward); else ``erased`` when negatives are off (retried without a trace: design
+    004's option, which hides failures); else ``capped`` when the group's budget is spent (it
+    stands, as without rollback: the cap bounds extra rows, it never erases); else
+    ``negative`` (kept as a negative sample, then retried or forked). Takes from ``budget``."""
+    if attempts >= policy.max_retries:
+        return "stands"
+    if not policy.save_negatives:
+        return "erased"
+    if budget is not None and not budget.take():
+        return "capped"
+    return "negative"
 
 
 @dataclass(frozen=True)
@@ -155,13 +153,23 @@ class NegativeSample:
 @dataclass
 class RollbackStats:
     """Per episode. Rolled-back calls stay in the episode's ``tool_calls``/``tool_errors`` (the
-    policy made them); ``discarded_*`` says how many of those are not in the final transcript."""
+    policy made them); ``discarded_*`` says how many of those are not in the final transcript.
+    Every failed attempt is one of: a negative, ``erased``, ``capped`` or left standing."""
 
-    rollbacks: int = 0  # turns rolled back at least once
-    retries: int = 0  # re-sampled attempts
+    rollbacks: int = 0  # turns rolled back (or forked) at least once
+    retries: int = 0  # re-sampled attempts (fission: turns after a fork)
     recovered: int = 0  # rolled-back turns whose last attempt ran tools that all succeeded
     discarded_calls: int = 0
     discarded_errors: int = 0
+    failed: int = 0  # failed attempts, whatever became of them
+    erased: int = 0  # retried without a trace (save_negative_samples=false)
+    capped: int = 0  # left standing because the group's negative budget was spent
+    forks: int = 0  # fission: failing turns moved out of this row into their negative
+
+    @property
+    def repaired(self) -> bool:
+        """The episode's kept trajectory is not its first try: a failure was undone or forked."""
+        return self.rollbacks > 0
 
 
 @dataclass(frozen=True)
@@ -173,13 +181,6 @@ class Checkpoint:
     messages_len: int
     stream_text: str
     env_state: Any
-
-
-def _error_type(r: ToolResult) -> str:
-    if r.is_error and r.error_type:
-        return r.error_type
-    m = _EXCEPTION_NAME.search(r.text)
-    return m.group(1) if m else "json_error" if r.text.lstrip()[:1] in ("{", "[") else "pattern"
 
 
 def negative_sample(
@@ -202,7 +203,7 @@ def negative_sample(
         response_mask=[0] * n + list(ep.response_mask[turn]),
         logprobs=[0.0] * n + list(ep.logprobs[turn]),
         error_messages=[r.text for r in failed],
-        error_types=[_error_type(r) for r in failed],
+        error_types=[error_type(r) for r in failed],
         tool_position=f"turn_{ep.num_turns}",
         assistant_turns=ep.num_turns,
         user_turns=sum(m.get("role") == "user" for m in ep.messages),
@@ -220,18 +221,22 @@ class TurnGuard:
         self.policy = policy
         self.budget = budget
         self._cp: Checkpoint | None = None
-        self._attempts = 0  # rollbacks of the current turn
+        self._attempts = 0  # failed attempts of the current turn that were retried or forked
         self._ok = False  # the current attempt ran tools and all of them succeeded
-        self._rewound = False
+        self._rewound = False  # retry: the next turn re-samples this one from its checkpoint
+        self._forked = False  # fission: the next turn goes on from this one's error feedback
 
     async def begin_turn(self, ep: Episode, env: Env, stream_text: str) -> None:
-        if not self._rewound:  # a new turn: settle the last one, then checkpoint
+        if self._rewound:  # a retry: same checkpoint
+            self._rewound = self._ok = False
+            return
+        if not self._forked:  # a new turn: settle the last one
             self._settle(ep)
-            state = await env.asnapshot()
-            self._cp = Checkpoint(
-                len(ep.response_ids), ep.num_turns, len(ep.messages), stream_text, state
-            )
-        self._rewound, self._ok = False, False
+        state = await env.asnapshot() if self.policy.mode == "retry" else None
+        self._cp = Checkpoint(
+            len(ep.response_ids), ep.num_turns, len(ep.messages), stream_text, state
+        )
+        self._forked = self._ok = False
 
     async def after_tools(
         self, ep: Episode, env: Env, calls: Sequence[ToolCall], results: Sequence[ToolResult]
@@ -239,17 +244,31 @@ class TurnGuard:
         failed = self.policy.failures(results)
         self._ok = bool(results) and not failed and not any(r.is_error for r in results)
         cp = self._cp
-        if not failed or cp is None or env.fatal_error or self._attempts >= self.policy.max_retries:
+        if not failed or cp is None or env.fatal_error:
             return None
-        if self.policy.save_negatives and (self.budget is None or self.budget.take()):
+        ep.rollback.failed += 1
+        fission = self.policy.mode == "fission"
+        if fission and (ep.num_turns >= env.max_turns or any(r.done for r in results)):
+            return None  # no turn follows to go on from: the failure stands
+        fate = failure_fate(self.policy, self._attempts, self.budget)
+        ep.rollback.capped += int(fate == "capped")
+        if fate in ("stands", "capped"):
+            return None
+        if fate == "negative":
             ep.negatives.append(negative_sample(ep, cp, calls, failed, self._attempts))
+        ep.rollback.erased += int(fate == "erased")
+        ep.rollback.rollbacks += int(self._attempts == 0)
+        ep.rollback.retries += 1
+        self._attempts += 1
+        if fission:  # the failing turn is trained in its negative only; the episode goes on
+            fork(ep, cp)
+            ep.rollback.forks += 1
+            self._forked = True
+            return None
         ep.rollback.discarded_calls += len(results)
         ep.rollback.discarded_errors += sum(r.is_error for r in results)
         await env.arestore(cp.env_state)
         rewind(ep, cp)
-        ep.rollback.rollbacks += int(self._attempts == 0)
-        ep.rollback.retries += 1
-        self._attempts += 1
         self._rewound = True
         return cp.stream_text
 
@@ -257,9 +276,9 @@ class TurnGuard:
         self._settle(ep)
 
     def _settle(self, ep: Episode) -> None:
-        """Recovered: the turn was rolled back and its last attempt ran at least one tool call,
-        none of whose results is an error (of any type) or a failure by the patterns. A retry
-        that calls no tool, or one ended by the environment, did not recover."""
+        """Recovered: the turn was rolled back (or forked) and its last attempt ran at least one
+        tool call, none of whose results is an error (of any type) or a failure by the patterns.
+        A retry that calls no tool, or one ended by the environment, did not recover."""
         if self._attempts and self._ok:
             ep.rollback.recovered += 1
         self._attempts, self._ok, self._cp = 0, False, None
@@ -273,14 +292,25 @@ def rewind(ep: Episode, cp: Checkpoint) -> None:
     ep.num_turns = cp.num_turns
 
 
+def fork(ep: Episode, cp: Checkpoint) -> None:
+    """Fission: the failing turn (everything since the checkpoint) stays in the episode's tokens
+    as context for what follows, but leaves its training row (mask 0, log-prob 0): its
+    negative trains it, so the episode's reward never reinforces the failing call."""
+    n = cp.response_len
+    k = len(ep.response_ids) - n
+    ep.response_mask[n:] = [0] * k
+    ep.logprobs[n:] = [0.0] * k
+
+
 def make_guard(
     env: Env, task_type: str, policy: RollbackPolicy | None, budget: NegativeBudget | None
 ) -> TurnGuard | None:
     """The episode's guard, after ``reset`` (when a remote environment knows if it can
-    snapshot); ``None`` when rollback is off or the environment never runs a tool."""
+    snapshot); ``None`` when rollback is off or the environment never runs a tool. Only
+    ``retry`` restores state: ``fission`` works with environments that cannot snapshot."""
     if policy is None or env.single_turn:
         return None
-    if not env.supports_snapshot:
+    if policy.mode == "retry" and not env.supports_snapshot:
         raise SnapshotUnsupported(unsupported_message(task_type, env))
     return TurnGuard(policy, budget)
 

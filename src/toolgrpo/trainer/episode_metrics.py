@@ -90,8 +90,10 @@ def env_failure_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
 
 def rollback_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
     """Tool rollback: turns rolled back, re-samplings, the share of rolled-back turns that
-    recovered, negatives kept and groups that got any; per task type, the error rate of the
-    calls that stand in the final transcripts (``tool_error_rate`` counts every attempt)."""
+    recovered, negatives kept and groups that got any; what became of every failed attempt;
+    per task type, the error rate of the calls that stand in the final transcripts
+    (``tool_error_rate`` counts every attempt). A repaired episode's reward is not a first try's,
+    so ``reward/first_try_mean`` and ``reward/repaired_mean`` split the episodes."""
     rollbacks = sum(e.rollback.rollbacks for e in episodes)
     groups: dict[str, int] = defaultdict(int)
     for e in episodes:
@@ -105,6 +107,11 @@ def rollback_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
         "rollout/negative_samples": float(sum(groups.values())),
         "rollout/groups_with_negatives": float(sum(n > 0 for n in groups.values())),
     }
+    for name in ("failed", "erased", "capped", "forks"):  # rollback/failed: every failed attempt
+        m[f"rollback/{name}"] = float(sum(getattr(e.rollback, name) for e in episodes))
+    repaired = sum(e.rollback.repaired for e in episodes)
+    m["rollback/repaired_frac"] = repaired / len(episodes) if episodes else 0.0
+    m.update(first_try_metrics(episodes, "reward/"))
     by_type: dict[str, list[Episode]] = defaultdict(list)
     for e in episodes:
         by_type[e.task_type].append(e)
@@ -112,4 +119,19 @@ def rollback_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
         calls = sum(e.tool_calls - e.rollback.discarded_calls for e in eps)
         errors = sum(e.tool_errors - e.rollback.discarded_errors for e in eps)
         m[f"rollout/{t}/final_tool_error_rate"] = errors / calls if calls else 0.0
+        if len(by_type) > 1:
+            m.update(first_try_metrics(eps, f"reward/{t}/"))
+    return m
+
+
+def first_try_metrics(episodes: Sequence[Episode], prefix: str) -> dict[str, float]:
+    """Mean reward of the episodes kept as first sampled, and of those rollback repaired (a
+    failure undone or forked); a key is absent when no episode is of its kind."""
+    first = [e.reward for e in episodes if not e.rollback.repaired]
+    repaired = [e.reward for e in episodes if e.rollback.repaired]
+    m: dict[str, float] = {}
+    if first:
+        m[f"{prefix}first_try_mean"] = fmean(first)
+    if repaired:
+        m[f"{prefix}repaired_mean"] = fmean(repaired)
     return m

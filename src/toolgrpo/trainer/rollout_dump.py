@@ -68,6 +68,7 @@ def episode_records(
         "num_tool_calls": ep.tool_calls,
         "tool_errors": ep.tool_errors,
         "env_failure": ep.env_failure,
+        "repaired": ep.rollback.repaired,  # a tool failure was rolled back or forked
         "policy_version": ep.policy_version,
     }
     rows = [row]
