@@ -3,15 +3,34 @@
 ``reset`` gives the opening messages and the tool schemas; ``step`` runs a turn's tool calls (in
 parallel) and returns the tool messages; ``reward`` scores the finished episode. Environments that
 can be rolled back (issue #6) also implement ``snapshot``/``restore``.
+
+The episode loop gives every call a deadline (``rollout.env_calls``): a call past it ends the
+episode as an environment failure. The methods run on the event loop and must not block it
+(nothing can interrupt a blocked loop): blocking work goes through ``off_loop``, a thread of its
+own. The episode loop also accepts a plain ``def`` method and runs it in a thread.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from toolgrpo.tools.schema import in_thread
 from toolgrpo.tools.types import ToolCall, ToolResult
+
+
+async def off_loop(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` without blocking the event loop: a coroutine function is awaited, a sync
+    function runs in a daemon thread of its own, so an episode's deadline can leave a call that
+    never returns behind (the thread lingers until it does: Python cannot stop it)."""
+    if inspect.iscoroutinefunction(fn):
+        return await fn(*args)
+    value = await in_thread(functools.partial(fn, *args), {}, getattr(fn, "__name__", ""))
+    return await value if inspect.isawaitable(value) else value
 
 
 @dataclass

@@ -13,6 +13,10 @@ first failed turn, and a later turn built on a wrong state is not evidence of sk
 passing prefix earns credit; 1.0 means BFCL would mark the entry correct. Turns never reached
 (cut off by ``max_turns``) fail. Parts: ``turns_passed`` (= score), ``state_match`` (final state
 equals the ground truth's after all turns) and ``turns_completed`` (turns closed by an answer).
+
+The simulators are sync Python: every piece of work on them (building, the model's calls, the
+ground truth's replays, scoring) runs in a thread off the event loop, so a simulator that never
+returns cannot block the other episodes, and the episode loop's deadline ends the episode.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ from toolgrpo.envs._bfcl_calls import (
     turn_passes,
 )
 from toolgrpo.envs._bfcl_data import BfclEntry, entry_from_task, function_specs
-from toolgrpo.envs.base import Env, EnvReward, EnvStart, Transcript
+from toolgrpo.envs.base import Env, EnvReward, EnvStart, Transcript, off_loop
 from toolgrpo.envs.registry import EnvConfigError, register_env
 from toolgrpo.tools.schema import in_thread
 from toolgrpo.tools.types import ToolCall, ToolResult
@@ -43,8 +47,9 @@ from toolgrpo.tools.types import ToolCall, ToolResult
 
 @dataclass(frozen=True)
 class BfclOptions:
-    # Seconds per call. The simulators are pure Python and fast; a call that times out is reported
-    # to the model, but its thread cannot be stopped and finishes in the background.
+    # Seconds per call. The simulators are pure Python and fast; a call that times out ends the
+    # episode as an environment failure (the one timeout rule), and its thread, which cannot be
+    # stopped, finishes in the background.
     call_timeout: float = 10.0
 
     @classmethod
@@ -90,6 +95,9 @@ class BfclEnv(Env):
         return len(self.entry.ground_truth)
 
     async def reset(self) -> EnvStart:
+        return await off_loop(self._reset)
+
+    def _reset(self) -> EnvStart:
         self._state = _State(
             instances=make_instances(self.entry),
             truth=make_instances(self.entry),
@@ -150,6 +158,9 @@ class BfclEnv(Env):
     # ---- turns and reward ----------------------------------------------------------------------
 
     async def next_user_turn(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+        return await off_loop(self._next_user_turn)  # the ground truth's turn runs in a thread
+
+    def _next_user_turn(self) -> list[dict[str, Any]] | None:
         s = self._require_state()
         if s.finished:
             return None
@@ -183,6 +194,9 @@ class BfclEnv(Env):
     async def reward(self, transcript: Transcript) -> EnvReward:
         """Scores from the state the environment tracked (see the module docstring); the
         transcript's text is not needed."""
+        return await off_loop(self._reward)
+
+    def _reward(self) -> EnvReward:
         s = copy.deepcopy(self._require_state())  # scoring must not disturb the episode
         if not s.finished and len(s.passed) == s.turn:  # the turn in progress when it was cut off
             self._check_turn(s)

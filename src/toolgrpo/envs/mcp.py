@@ -9,16 +9,17 @@ Each episode opens its own session (a stdio server is started per episode and st
 lists the server's tools as the episode's tool specs and runs the model's calls as ``tools/call``.
 MCP has no reward: by default the final ``<answer>`` is scored against the task's ground truth
 (as the ``direct`` environment does); ``reward: "module:function"`` names a function of the
-``Transcript`` and the task. A server that cannot be reached or dies sets ``fatal_error``: the
-episode ends as an environment failure (left out of training), never as the model's fault. MCP
-servers keep state the trainer cannot copy, so tool rollback is refused at startup.
+``Transcript`` and the task. A server that cannot be reached, dies, or lets a call run past
+``timeout_s`` sets ``fatal_error``: the episode ends as an environment failure (left out of
+training), never as the model's fault (the one timeout rule, as for OpenEnv and every other
+environment type). MCP servers keep state the trainer cannot copy, so tool rollback is refused at
+startup.
 """
 
 from __future__ import annotations
 
 import asyncio
 import importlib
-import inspect
 import json
 from collections.abc import Callable, Mapping
 from contextlib import AsyncExitStack
@@ -28,7 +29,7 @@ from urllib.parse import urlsplit
 
 from toolgrpo.data.task import Task
 from toolgrpo.envs._tool_server import refuse_before_sending
-from toolgrpo.envs.base import Env, EnvReward, EnvStart, Transcript
+from toolgrpo.envs.base import Env, EnvReward, EnvStart, Transcript, off_loop
 from toolgrpo.envs.calculator import with_system
 from toolgrpo.envs.direct import direct_reward
 from toolgrpo.envs.registry import EnvConfigError, register_env
@@ -164,7 +165,8 @@ class MCPEnv(Env):
             res = await asyncio.wait_for(
                 self._client.call_tool(call.name, dict(call.arguments)), self.options.timeout_s
             )
-        except TimeoutError:
+        except TimeoutError:  # the environment's failure, not the model's (one rule for all)
+            self.fatal_error = f"mcp tool '{call.name}' timed out after {self.options.timeout_s:g}s"
             return error("timeout", f"Error: tool '{call.name}' timed out")
         except Exception as exc:  # the session broke: every later call fails too
             self.fatal_error = f"mcp call failed: {type(exc).__name__}: {exc}"
@@ -177,10 +179,8 @@ class MCPEnv(Env):
     async def reward(self, transcript: Transcript) -> EnvReward:
         if not self.options.reward:
             return direct_reward(transcript, self.task.ground_truth)
-        value = load_reward(self.options.reward)(transcript, self.task)
-        if inspect.isawaitable(value):
-            value = await value
-        return _as_reward(value)
+        fn = load_reward(self.options.reward)  # a sync one runs in a thread: it cannot block
+        return _as_reward(await off_loop(fn, transcript, self.task))
 
     async def close(self) -> None:
         stack, self._stack, self._client = self._stack, None, None

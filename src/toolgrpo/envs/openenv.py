@@ -10,8 +10,10 @@ tool specs, each model tool call a ``CallToolAction`` step (one action per step,
 Step rewards are summed as the episode's reward (``reward: answer`` scores the final ``<answer>``
 against the ground truth instead); a step with ``done`` ends the episode after that turn. Tool
 errors the server reports are error results for the model; a server that cannot be reached or
-drops the session is the environment's failure (left out of training). OpenEnv sessions cannot
-be copied, so tool rollback is refused at startup.
+drops the session is the environment's failure (left out of training), and so is a timeout, ours
+(``timeout_s``) or one the server reports (the one timeout rule, as for MCP and every other
+environment type: the episode loop ends the episode on any ``timeout`` result). OpenEnv sessions
+cannot be copied, so tool rollback is refused at startup.
 """
 
 from __future__ import annotations
@@ -164,6 +166,8 @@ class OpenEnvEnv(Env):
         if err is not None:
             kind = _ERRORS.get(str(getattr(err.error_type, "value", err.error_type)), "exception")
             res = error(kind, f"Error: {err.message}")
+            if kind == "timeout":  # the server's own deadline: the environment's failure too
+                self.fatal_error = f"openenv tool '{call.name}' timed out: {err.message}"
         else:
             res = ToolResult(_text(getattr(obs, "result", "")), name=call.name, call_id=call.id)
         if step.done:

@@ -1,19 +1,19 @@
 """A generic environment from Python pieces: opening messages, a list of tools, a reward function.
 
 Enough for most tool-use tasks without writing an ``Env`` subclass; the reward function sees the
-finished ``Transcript`` and may be sync or async and return a float or an ``EnvReward``.
+finished ``Transcript`` and may be sync or async and return a float or an ``EnvReward``; a sync
+one runs in a thread (``base.off_loop``), so one that hangs cannot block the other episodes.
 """
 
 from __future__ import annotations
 
 import copy
-import inspect
 import logging
 import numbers
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from toolgrpo.envs.base import Env, EnvReward, EnvStart, Transcript
+from toolgrpo.envs.base import Env, EnvReward, EnvStart, Transcript, off_loop
 from toolgrpo.tools.executor import run_tool_calls
 from toolgrpo.tools.isolated import DEFAULT_MEMORY_LIMIT_MB
 from toolgrpo.tools.schema import Tool
@@ -93,10 +93,7 @@ class ToolEnv(Env):
 
     async def reward(self, transcript: Transcript) -> EnvReward:
         try:
-            value = self.reward_fn(transcript)
-            if inspect.isawaitable(value):
-                value = await value
-            return _as_reward(value)
+            return _as_reward(await off_loop(self.reward_fn, transcript))
         except Exception as exc:
             raise RewardFunctionError(
                 f"reward function failed: {type(exc).__name__}: {exc}"

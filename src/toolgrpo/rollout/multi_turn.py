@@ -1,7 +1,8 @@
 """The episode loop: generate, run the tools the model called, append their results, repeat.
 
 ``play_task`` plays one episode; ``play_tasks`` plays G episodes per task concurrently (one
-asyncio task each) with their generation requests batched by a ``GenerationBatcher``.
+asyncio task each) with their generation requests batched by a ``GenerationBatcher``. Every
+environment call has a deadline (``env_calls``); what happens between turns is in ``turns``.
 """
 
 from __future__ import annotations
@@ -19,18 +20,17 @@ from toolgrpo.data.task import Task
 from toolgrpo.envs.base import Env, EnvStart, Transcript
 from toolgrpo.envs.registry import EnvRouter
 from toolgrpo.rollout.batcher import GenerationBatcher
+from toolgrpo.rollout.env_calls import EnvClock, bounded, failure_reason, timeout_failure
 from toolgrpo.rollout.episode import Episode
 from toolgrpo.rollout.generator import GenerationError
-from toolgrpo.rollout.render import decode, delta_text, encode, render_text, with_tools
+from toolgrpo.rollout.render import decode, encode_prompt, with_tools
 from toolgrpo.rollout.rollback import (
     NegativeBudget,
     RollbackPolicy,
     SnapshotUnsupported,
     make_guard,
 )
-from toolgrpo.tools.executor import truncate_text
-from toolgrpo.tools.parser import parse_tool_calls
-from toolgrpo.tools.types import ToolCall, ToolResult
+from toolgrpo.rollout.turns import append_delta, count_tools, run_calls, tool_message, turn_calls
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +50,10 @@ class EpisodeLimits:
     # The score recorded on an episode whose environment failed; such episodes are never trained
     # on nor averaged into reward metrics (``Episode.env_failure``), so it is informational.
     error_reward: float = -1.0
+    # Deadlines (``env_calls.EnvClock``): one environment call, and all of an episode's calls
+    # together (generation not counted); past either, an environment failure. 0 = no limit.
+    env_call_timeout_s: float = 60.0
+    env_episode_timeout_s: float = 900.0
 
 
 async def play_task(
@@ -67,27 +71,27 @@ async def play_task(
 ) -> Episode:
     """One episode of ``task`` in ``env``; never raises for what the model or the tools do.
     With ``rollback``, a turn whose tools fail is undone and re-sampled (``rollback.TurnGuard``);
-    ``budget`` caps the negatives its GRPO group keeps. An environment that raises or sets
-    ``fatal_error`` ends the episode with ``env_failure`` set (``env_failed``)."""
+    ``budget`` caps the negatives its GRPO group keeps. An environment that raises, sets
+    ``fatal_error``, misses a deadline or times out a tool call ends the episode with
+    ``env_failure`` set (``env_failed``)."""
+    clock = EnvClock(limits.env_call_timeout_s, limits.env_episode_timeout_s)
     try:
-        start = await env.reset()
+        start = await clock.call("reset", env.reset)
     except Exception as exc:
         ep = Episode(task.task_id, task.task_type, uid, [])
         ep.policy_version = policy_version
-        return env_failed(ep, f"reset raised {type(exc).__name__}: {exc}", limits)
+        return env_failed(ep, failure_reason("reset", exc), limits)
     if condition is not None:
         start = condition(start)
     messages, tools = with_tools(tokenizer, start.messages, start.tools)
-    prompt_text = render_text(tokenizer, messages, tools, True)
-    ep = Episode(
-        task.task_id, task.task_type, uid, encode(tokenizer, prompt_text), messages=messages
-    )
+    prompt_text, prompt_ids = encode_prompt(tokenizer, messages, tools)
+    ep = Episode(task.task_id, task.task_type, uid, prompt_ids, messages=messages)
     ep.policy_version = policy_version
     if env.fatal_error:  # e.g. a remote environment that could not be reached
-        return await _finish(ep, env, tokenizer, step, limits)
+        return await _finish(ep, env, tokenizer, step, limits, clock)
     if len(ep.prompt_ids) > limits.max_prompt_length:
         ep.stop_reason, ep.truncated = "prompt_too_long", True
-        return await _finish(ep, env, tokenizer, step, limits)
+        return await _finish(ep, env, tokenizer, step, limits, clock)
     guard = make_guard(env, task.task_type, rollback, budget)
     stream_text = prompt_text
     eos = {tokenizer.eos_token_id} | set(getattr(batcher.generator, "eos_ids", []) or [])
@@ -97,7 +101,7 @@ async def play_task(
             ep.stop_reason, ep.truncated = "context", True
             break
         if guard is not None:
-            await guard.begin_turn(ep, env, stream_text)
+            await clock.call("snapshot", guard.begin_turn, ep, env, stream_text)
             if env.fatal_error:  # a remote snapshot or restore failed
                 ep.stop_reason = "env_error"
                 break
@@ -112,15 +116,21 @@ async def play_task(
         )
         text = decode(tokenizer, body)
         messages.append({"role": "assistant", "content": text})
-        if comp.finish_reason == "length":
+        cut = comp.finish_reason == "length"  # complete calls before the cap still run
+        calls = [] if env.single_turn else turn_calls(text, cut)
+        if cut and not calls:
             ep.stop_reason, ep.truncated = "length", True
             break
         if env.single_turn:
             break
-        calls = parse_tool_calls(text)
         last_turn = ep.num_turns >= env.max_turns
         if not calls:
-            more = await env.next_user_turn(list(messages))
+            try:
+                more = await clock.call("next_user_turn", env.next_user_turn, list(messages))
+            except Exception as exc:
+                env.fatal_error = failure_reason("next_user_turn", exc)
+                ep.stop_reason = "env_error"
+                break
             if not more:
                 break  # a final answer
             if last_turn:  # the dialogue goes on, but this episode has no turn left for it
@@ -129,22 +139,25 @@ async def play_task(
             new = list(more)
         else:
             t0 = time.perf_counter()
+            refuse = getattr(condition, "refuse", None)
             try:
-                results = await _run_calls(env, calls, getattr(condition, "refuse", None))
+                results = await clock.call("step", run_calls, env, calls, refuse)
             except Exception as exc:  # the contract says step never raises; hold it to that
-                env.fatal_error = f"step raised {type(exc).__name__}: {exc}"
+                env.fatal_error = failure_reason("step", exc)
                 results = []
             ep.tool_seconds += time.perf_counter() - t0
-            _count_tools(ep, results)
+            count_tools(ep, results)
+            # One rule for every environment type: a timed-out call is its failure.
+            env.fatal_error = env.fatal_error or timeout_failure(results)
             if env.fatal_error:
                 ep.stop_reason = "env_error"
                 break
             if guard is not None:
-                resume = await guard.after_tools(ep, env, calls, results)
+                resume = await clock.call("restore", guard.after_tools, ep, env, calls, results)
                 if resume is not None:  # rolled back to before this turn: sample it again
                     stream_text = resume
                     continue
-            new = [_tool_message(tokenizer, r, limits) for r in results]
+            new = [tool_message(tokenizer, r, limits) for r in results]
             if any(r.done for r in results) or last_turn:
                 # The environment ended the episode, or this was the last turn: the calls ran,
                 # and their results join the transcript the reward sees (tokens if they fit).
@@ -152,10 +165,10 @@ async def play_task(
                     ep.stop_reason = "done"
                 else:  # the model still had work under way
                     ep.stop_reason, ep.truncated = "max_turns", True
-                _append_delta(ep, tokenizer, stream_text, messages, new, tools, limits)
+                append_delta(ep, tokenizer, stream_text, messages, new, tools, limits)
                 messages.extend(new)
                 break
-        delta = _append_delta(ep, tokenizer, stream_text, messages, new, tools, limits)
+        delta = append_delta(ep, tokenizer, stream_text, messages, new, tools, limits)
         if delta is None:
             ep.stop_reason, ep.truncated = "context", True
             break
@@ -163,76 +176,20 @@ async def play_task(
         messages.extend(new)
     if guard is not None:
         guard.finish(ep)
-    return await _finish(ep, env, tokenizer, step, limits)
-
-
-async def _run_calls(
-    env: Env, calls: list[ToolCall], refuse: Callable[[ToolCall], str | None] | None
-) -> list[ToolResult]:
-    """The environment's results for the calls the episode's condition lets through, and a
-    ``not_offered`` error for each it refuses, in call order (refused calls still count as
-    calls: the model wrote them)."""
-    refusals = [refuse(c) if refuse is not None else None for c in calls]
-    if not any(r is not None for r in refusals):
-        return await env.step(calls)  # the environment's results, exactly as it gives them
-    allowed = [c for c, r in zip(calls, refusals, strict=True) if r is None]
-    ran = list(await env.step(allowed)) if allowed else []
-    out: list[ToolResult] = []
-    for c, r in zip(calls, refusals, strict=True):
-        if r is not None:
-            out.append(ToolResult(r, True, "not_offered", c.name, c.id))
-        elif ran:
-            out.append(ran.pop(0))
-    return out + ran  # any results beyond one per call, as the environment gave them
-
-
-def _append_delta(
-    ep: Episode,
-    tokenizer: Any,
-    stream_text: str,
-    messages: list[dict[str, Any]],
-    new: list[dict[str, Any]],
-    tools: Any,
-    limits: EpisodeLimits,
-) -> str | None:
-    """Append the rendered text between turns (``new`` messages and the next generation prompt)
-    as mask-0 tokens; ``None`` (nothing appended) when it would fill the response budget."""
-    delta, exact = delta_text(tokenizer, stream_text, messages, new, tools)
-    delta_ids = encode(tokenizer, delta)
-    if len(ep.response_ids) + len(delta_ids) >= limits.max_response_length:
-        return None
-    ep.prefix_mismatches += int(not exact)
-    ep.append(delta_ids, None)
-    return delta
-
-
-def _tool_message(tokenizer: Any, r: ToolResult, limits: EpisodeLimits) -> dict[str, Any]:
-    text = truncate_text(
-        tokenizer, r.text, limits.max_tool_response_length, limits.tool_response_truncate_side
-    )
-    return {"role": "tool", "name": r.name, "content": text}
-
-
-def _count_tools(ep: Episode, results: Sequence[ToolResult]) -> None:
-    ep.tool_calls += len(results)
-    for r in results:
-        if r.is_error:
-            ep.tool_errors += 1
-            key = r.error_type or "unknown"
-            ep.tool_error_types[key] = ep.tool_error_types.get(key, 0) + 1
+    return await _finish(ep, env, tokenizer, step, limits, clock)
 
 
 async def _finish(
-    ep: Episode, env: Env, tokenizer: Any, step: int, limits: EpisodeLimits
+    ep: Episode, env: Env, tokenizer: Any, step: int, limits: EpisodeLimits, clock: EnvClock
 ) -> Episode:
     if env.fatal_error:
         return env_failed(ep, env.fatal_error, limits)
     text = decode(tokenizer, ep.prompt_ids + ep.response_ids)
     transcript = Transcript(list(ep.messages), text, ep.stop_reason, ep.num_turns, step)
     try:
-        r = await env.reward(transcript)
+        r = await clock.call("reward", env.reward, transcript)
     except Exception as exc:  # a broken reward is the environment's failure, not the model's
-        return env_failed(ep, f"reward raised {type(exc).__name__}: {exc}", limits)
+        return env_failed(ep, failure_reason("reward", exc), limits)
     if env.fatal_error:  # e.g. the server died while scoring
         return env_failed(ep, env.fatal_error, limits)
     ep.reward, ep.reward_parts = float(r.score), dict(r.parts)
@@ -302,13 +259,13 @@ async def play_tasks(
             where = "construction" if env is None else "episode"
             ep = Episode(task.task_id, task.task_type, uid, [])
             ep.policy_version = policy_version
-            return env_failed(ep, f"{where} raised {type(exc).__name__}: {exc}", limits)
+            return env_failed(ep, failure_reason(where, exc), limits)
         finally:
             if env is not None:
-                try:
-                    await env.close()
+                try:  # a close that hangs is abandoned at the call deadline
+                    await bounded(env.close, (), limits.env_call_timeout_s or None, "close")
                 except Exception as exc:  # closing is best effort
-                    log.warning("closing env for %s failed: %s", task.task_id, exc)
+                    log.warning("closing env for %s failed: %r", task.task_id, exc)
             progress.tick()  # one more episode finished (live progress, issue #20)
 
     jobs = []

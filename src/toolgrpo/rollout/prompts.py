@@ -13,7 +13,8 @@ from toolgrpo.data.loader import DataError
 from toolgrpo.data.task import Task
 from toolgrpo.envs.base import EnvStart
 from toolgrpo.envs.registry import EnvRouter
-from toolgrpo.rollout.render import encode, render_text, with_tools
+from toolgrpo.rollout.env_calls import bounded
+from toolgrpo.rollout.render import encode_prompt, with_tools
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +46,8 @@ def render_prompt(
 # Rewrites an episode's opening (the router's routes); the trainer passes one per route.
 Condition = Callable[[EnvStart], EnvStart]
 _MEASURE_CONCURRENCY = 16  # environments reset at once while measuring (remote ones hold a session)
+# A reset (or close) that takes longer while measuring: the task is kept, unmeasured.
+_MEASURE_TIMEOUT_S = 60.0
 
 
 def opening_length(
@@ -52,13 +55,13 @@ def opening_length(
 ) -> int:
     """Tokens of the longest opening prompt the model can see for ``start``: each route's
     rewrite (or ``start`` itself without routes), rendered as the episode loop renders it
-    (``with_tools`` + ``render_text``), or as single-turn rollouts do (``env=False``)."""
+    (``with_tools`` + ``encode_prompt``), or as single-turn rollouts do (``env=False``)."""
     longest = 0
     for cond in conditions or (None,):
         s = cond(start) if cond is not None else start
         if env:
             messages, tools = with_tools(tokenizer, s.messages, s.tools)
-            n = len(encode(tokenizer, render_text(tokenizer, messages, tools, True)))
+            n = len(encode_prompt(tokenizer, messages, tools)[1])
         else:
             n = len(render_prompt(tokenizer, s.messages, 10**9))
         longest = max(longest, n)
@@ -72,14 +75,14 @@ async def _env_start(envs: EnvRouter, task: Task, sem: asyncio.Semaphore) -> Env
         env = None
         try:
             env = envs.make(task)
-            start = await env.reset()
+            start = await bounded(env.reset, (), _MEASURE_TIMEOUT_S, "reset")
             return None if env.fatal_error else start
-        except Exception:
+        except Exception:  # a hung reset too (TimeoutError)
             return None
         finally:
             if env is not None:
                 try:
-                    await env.close()
+                    await bounded(env.close, (), _MEASURE_TIMEOUT_S, "close")
                 except Exception:
                     pass
 

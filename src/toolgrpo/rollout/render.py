@@ -3,13 +3,18 @@
 A template that knows ``tools=`` (Qwen2.5, Llama 3.1, ...) renders the tool specs itself; for one
 that does not (SmolLM2's plain ChatML) the specs go into the system message as a hermes-style
 block, so every model sees the same contract: JSON specs in, ``<tool_call>`` JSON out.
+
+Messages and tool specs are data: ``encode_prompt`` and ``encode_delta`` keep a special token's
+text inside them plain (``rollout.escape``), so only the template writes control tokens.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
+
+from toolgrpo.rollout.escape import Escaper
 
 _TOOLS_HEADER = (
     "You can use the functions listed below. Their JSON signatures are inside <tools></tools>:\n"
@@ -61,8 +66,34 @@ def render_text(
 
 
 def encode(tokenizer: Any, text: str) -> list[int]:
-    """Text that already carries the template's special tokens → ids (no BOS added)."""
+    """Text that already carries the template's special tokens → ids (no BOS added). Every
+    special token's text in it becomes the special token: for trusted text only."""
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def encode_prompt(
+    tokenizer: Any, messages: Sequence[dict[str, Any]], tools: list[dict[str, Any]] | None
+) -> tuple[str, list[int]]:
+    """An episode's opening prompt (with the generation prompt) as ``(text, ids)``; a special
+    token's text inside the messages or tool specs stays plain text."""
+    esc = Escaper.of(tokenizer)
+    return esc.encode(render_text(tokenizer, esc.hide(list(messages)), esc.hide(tools), True))
+
+
+def encode_delta(
+    tokenizer: Any,
+    stream_text: str,
+    history: Sequence[dict[str, Any]],
+    new_messages: Sequence[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+) -> tuple[str, list[int], bool]:
+    """``delta_text`` of ``new_messages`` (tool results, environment user turns) as
+    ``(text, ids, exact)``; a special token's text inside them stays plain text."""
+    esc = Escaper.of(tokenizer)
+    hidden = esc.hide(list(new_messages))
+    delta, exact = delta_text(tokenizer, stream_text, history, hidden, tools, esc.hide)
+    text, ids = esc.encode(delta)
+    return text, ids, exact
 
 
 def decode(tokenizer: Any, ids: Sequence[int]) -> str:
@@ -77,6 +108,7 @@ def delta_text(
     history: Sequence[dict[str, Any]],
     new_messages: Sequence[dict[str, Any]],
     tools: list[dict[str, Any]] | None,
+    hide: Callable[[Any], Any] | None = None,
 ) -> tuple[str, bool]:
     """The text to append after the tokens so far (decoded as ``stream_text``) so the episode
     continues with ``new_messages`` and the next generation prompt.
@@ -84,7 +116,8 @@ def delta_text(
     Returns ``(delta, exact)``: ``exact`` is True when the full re-rendered conversation extends the
     token stream exactly; otherwise (a template that rewrites earlier turns, a sampled text that
     does not re-render the same) the delta is the template's own rendering of the new turns and
-    the caller records a mismatch.
+    the caller records a mismatch. ``hide`` (``Escaper.hide``) is applied to the history the last
+    fallback renders again, so no earlier data can reach the delta unescaped.
     """
     full = render_text(tokenizer, [*history, *new_messages], tools, True)
     if full.startswith(stream_text):
@@ -93,6 +126,9 @@ def delta_text(
     if full.startswith(base):
         return full[len(base) :], False
     # The template rewrites history when new turns arrive: render the new turns on their own.
-    alone = render_text(tokenizer, [*history[:1], *new_messages], tools, True)
-    head = render_text(tokenizer, history[:1], tools, False)
+    first = list(history[:1])
+    if hide is not None:
+        first, tools = hide(first), hide(tools)
+    alone = render_text(tokenizer, [*first, *new_messages], tools, True)
+    head = render_text(tokenizer, first, tools, False)
     return alone[len(head) :] if alone.startswith(head) else alone, False

@@ -1,0 +1,89 @@
+"""What the episode loop does between two assistant turns: which calls of a turn run, the
+environment's results for them, those results as messages, and the rendered delta appended as
+mask-0 tokens (data in it escaped: ``rollout.escape``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from toolgrpo.envs.base import Env
+from toolgrpo.rollout.env_calls import bounded
+from toolgrpo.rollout.episode import Episode
+from toolgrpo.rollout.escape import PlainTokenizer
+from toolgrpo.rollout.render import encode_delta
+from toolgrpo.tools.executor import truncate_text
+from toolgrpo.tools.parser import CLOSE_TAG, parse_tool_calls
+from toolgrpo.tools.types import ToolCall, ToolResult
+
+if TYPE_CHECKING:
+    from toolgrpo.rollout.multi_turn import EpisodeLimits
+
+
+def turn_calls(text: str, cut: bool) -> list[ToolCall]:
+    """The calls a turn makes. A turn cut at its token cap (``cut``) runs the blocks it closed
+    before the cut; an unclosed last block is where the cap fell, not a malformed call."""
+    if not cut:
+        return parse_tool_calls(text)
+    end = text.rfind(CLOSE_TAG)
+    return parse_tool_calls(text[: end + len(CLOSE_TAG)]) if end >= 0 else []
+
+
+async def run_calls(
+    env: Env, calls: list[ToolCall], refuse: Callable[[ToolCall], str | None] | None
+) -> list[ToolResult]:
+    """The environment's results for the calls the episode's condition lets through, and a
+    ``not_offered`` error for each it refuses, in call order (refused calls still count as
+    calls: the model wrote them). A sync ``step`` runs in a thread (``env_calls.bounded``)."""
+    refusals = [refuse(c) if refuse is not None else None for c in calls]
+    if not any(r is not None for r in refusals):
+        return await bounded(env.step, [calls], None, "step")  # exactly as the env gives them
+    allowed = [c for c, r in zip(calls, refusals, strict=True) if r is None]
+    ran = list(await bounded(env.step, [allowed], None, "step")) if allowed else []
+    out: list[ToolResult] = []
+    for c, r in zip(calls, refusals, strict=True):
+        if r is not None:
+            out.append(ToolResult(r, True, "not_offered", c.name, c.id))
+        elif ran:
+            out.append(ran.pop(0))
+    return out + ran  # any results beyond one per call, as the environment gave them
+
+
+def append_delta(
+    ep: Episode,
+    tokenizer: Any,
+    stream_text: str,
+    messages: list[dict[str, Any]],
+    new: list[dict[str, Any]],
+    tools: Any,
+    limits: EpisodeLimits,
+) -> str | None:
+    """Append the rendered text between turns (``new`` messages and the next generation prompt)
+    as mask-0 tokens; ``None`` (nothing appended) when it would fill the response budget."""
+    delta, delta_ids, exact = encode_delta(tokenizer, stream_text, messages, new, tools)
+    if len(ep.response_ids) + len(delta_ids) >= limits.max_response_length:
+        return None
+    ep.prefix_mismatches += int(not exact)
+    ep.append(delta_ids, None)
+    return delta
+
+
+def tool_message(tokenizer: Any, r: ToolResult, limits: EpisodeLimits) -> dict[str, Any]:
+    """A result as the tool message the template renders, cut to ``max_tool_response_length``
+    tokens as the episode will hold them (special tokens' texts count as plain text)."""
+    text = truncate_text(
+        PlainTokenizer(tokenizer),
+        r.text,
+        limits.max_tool_response_length,
+        limits.tool_response_truncate_side,
+    )
+    return {"role": "tool", "name": r.name, "content": text}
+
+
+def count_tools(ep: Episode, results: Sequence[ToolResult]) -> None:
+    ep.tool_calls += len(results)
+    for r in results:
+        if r.is_error:
+            ep.tool_errors += 1
+            key = r.error_type or "unknown"
+            ep.tool_error_types[key] = ep.tool_error_types.get(key, 0) + 1
