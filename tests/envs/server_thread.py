@@ -12,6 +12,7 @@ from typing import Any
 import uvicorn
 
 from toolgrpo.envs.server import create_app
+from toolgrpo.envs.server_http import HEADER_TIMEOUT_S, default_max_connections, uvicorn_options
 
 
 @contextmanager
@@ -19,15 +20,20 @@ def serve_in_thread(
     env_type: str,
     options: Mapping[str, Any] | None = None,
     token: str | None = None,
+    header_timeout_s: float = HEADER_TIMEOUT_S,
+    max_connections: int | None = None,
     **limits: Any,
 ) -> Iterator[str]:
     """The app on a pre-bound free loopback port (no race for the port); yields the ws:// URL
-    and stops the server on exit. ``limits``: ``create_app``'s idle timeout and session cap."""
+    and stops the server on exit. ``limits``: ``create_app``'s idle and handshake timeouts and
+    session cap; the socket limits are ``serve``'s."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     app = create_app(env_type, dict(options or {}), token, **limits)
-    config = uvicorn.Config(app, log_level="warning", lifespan="off", ws_ping_interval=None)
+    cap = max_connections or default_max_connections(app.state.max_sessions)
+    socket_limits = uvicorn_options(header_timeout_s, cap)
+    config = uvicorn.Config(app, log_level="warning", lifespan="off", **socket_limits)
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()

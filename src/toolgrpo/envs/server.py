@@ -31,48 +31,66 @@ The answer stays with the trainer during the episode: the handshake reply's
 scoring) or ``reset`` (an environment type that sets ``needs_ground_truth_at_reset``, e.g. one that
 runs the reference solution beside the model's calls, gets it with the task).
 
-A session idle for ``idle_timeout_s`` is closed (code 1001); past ``max_sessions`` open sessions a
-new handshake is refused with HTTP 503.
+Limits on what one client can hold, and for how long (``serve``'s arguments): a connection must
+send its request headers within ``header_timeout_s`` (uvicorn has no such deadline), and past
+``max_connections`` open sockets a new one gets HTTP 503 (``server_http.py``). A WebSocket session
+must start its episode (``reset``) within ``handshake_timeout_s`` of the upgrade (else code 1008);
+one idle for ``idle_timeout_s``, waiting for a frame or for its client to read a reply, is closed
+(code 1001); past ``max_sessions`` open sessions a new handshake is refused with HTTP 503. A frame
+that cannot be parsed (bad JSON, nested too deeply) gets an error reply like any bad request;
+one over 16 MiB closes the session with code 1009. Frames and ops: ``server_session.py``;
+startup input: ``server_setup.py``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hmac
-import json
 import logging
-import os
+import time
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from fastapi import Depends, FastAPI, Header, HTTPException, WebSocket, WebSocketDisconnect
 from starlette.responses import PlainTextResponse
 from starlette.websockets import WebSocketState
 
-from toolgrpo.data.task import Task
-from toolgrpo.envs.base import Env
-from toolgrpo.envs.registry import EnvConfigError, get_env_factory
-from toolgrpo.envs.wire import (
-    GROUND_TRUTH_HEADER,
-    WireError,
-    call_from_dict,
-    is_loopback,
-    result_to_dict,
-    reward_to_dict,
-    task_from_dict,
-    transcript_from_dict,
+from toolgrpo.envs.registry import get_env_factory
+from toolgrpo.envs.server_http import (
+    HEADER_TIMEOUT_S,
+    MAX_MESSAGE_BYTES,
+    default_max_connections,
+    raise_fd_limit,
+    uvicorn_options,
 )
+from toolgrpo.envs.server_session import (
+    Session,
+    encode_reply,
+    error_frame,
+    needs_ground_truth_at_reset,
+)
+from toolgrpo.envs.server_setup import TOKEN_ENV, check_options, parse_options, read_token
+from toolgrpo.envs.wire import GROUND_TRUTH_HEADER, is_loopback
 
 log = logging.getLogger(__name__)
 
 PROTOCOL_VERSION = 1
-MAX_MESSAGE_BYTES = 16 * 1024 * 1024
-TOKEN_ENV = "TOOLGRPO_ENV_TOKEN"
-
-
-def _error(message: str, request: str | None = None) -> dict[str, Any]:
-    return {"op": "error", "message": message, "request": request}
+HANDSHAKE_TIMEOUT_S = 30.0
+_Session = Session  # the names this module had before its split
+_error = error_frame
+__all__ = [
+    "HANDSHAKE_TIMEOUT_S",
+    "HEADER_TIMEOUT_S",
+    "MAX_MESSAGE_BYTES",
+    "PROTOCOL_VERSION",
+    "TOKEN_ENV",
+    "check_options",
+    "create_app",
+    "needs_ground_truth_at_reset",
+    "parse_options",
+    "read_token",
+    "serve",
+]
 
 
 def _authorized(header: str | None, token: str | None) -> bool:
@@ -84,147 +102,13 @@ def _authorized(header: str | None, token: str | None) -> bool:
     return scheme.lower() == "bearer" and ok
 
 
-def needs_ground_truth_at_reset(factory: Any) -> bool:
-    """Declared by an env class (or set on a factory function); the answer is withheld otherwise."""
-    return bool(getattr(factory, "needs_ground_truth_at_reset", False))
-
-
-class _Session:
-    """One connection's episode: the env it built and the snapshots it took."""
-
-    def __init__(self, env_type: str, options: Mapping[str, Any]) -> None:
-        self.env_type = env_type
-        self.options = options
-        self.env: Env | None = None
-        self.task: Task | None = None  # what the env was built with (answer filled in at reward)
-        self.snapshots: dict[int, Any] = {}
-        self._ops = {
-            "reset": self._reset,
-            "step": self._step,
-            "next_user": self._next_user,
-            "reward": self._reward,
-            "snapshot": self._snapshot,
-            "restore": self._restore,
-        }
-
-    async def handle(self, raw: str) -> dict[str, Any]:
-        """The reply to one frame; never raises (env failures become error replies)."""
-        try:
-            msg = json.loads(raw)
-        except json.JSONDecodeError as e:
-            return _error(f"bad JSON: {e}")
-        op = msg.get("op") if isinstance(msg, dict) else None
-        if not isinstance(op, str):
-            return _error("a message is a JSON object with a string field 'op'")
-        if op == "close":
-            await self.close()
-            return {"op": "closed"}
-        handler = self._ops.get(op)
-        if handler is None:
-            return _error(f"unknown op {op!r}; known: close, {', '.join(self._ops)}", op)
-        if op != "reset" and self.env is None:
-            return _error("no episode yet: send reset first", op)
-        try:
-            return await handler(msg)
-        except WireError as e:
-            return _error(str(e), op)
-        except Exception as e:  # an env bug must not take the server (or other sessions) down
-            log.exception("%s env failed on %s", self.env_type, op)
-            return _error(f"{op} failed: {type(e).__name__}: {e}", op)
-
-    async def _reset(self, msg: dict[str, Any]) -> dict[str, Any]:
-        if self.env is not None:
-            return _error("one episode per connection: open a new connection", "reset")
-        task = task_from_dict(msg.get("task"))
-        env = get_env_factory(self.env_type)(task, self.options)
-        try:
-            start = await env.reset()
-        except BaseException:
-            await env.close()
-            raise
-        self.env, self.task = env, task
-        return {
-            "op": "start",
-            "messages": start.messages,
-            "tools": start.tools,
-            "max_turns": env.max_turns,
-            "single_turn": env.single_turn,
-            "snapshot": bool(env.supports_snapshot),
-        }
-
-    async def _step(self, msg: dict[str, Any]) -> dict[str, Any]:
-        assert self.env is not None
-        calls = msg.get("calls")
-        if not isinstance(calls, list):
-            raise WireError("step: field 'calls' must be a list")
-        results = await self.env.step([call_from_dict(c) for c in calls])
-        return {
-            "op": "results",
-            "results": [result_to_dict(r) for r in results],
-            "fatal_error": self.env.fatal_error,
-        }
-
-    async def _next_user(self, msg: dict[str, Any]) -> dict[str, Any]:
-        assert self.env is not None
-        messages = msg.get("messages")
-        if not isinstance(messages, list):
-            raise WireError("next_user: field 'messages' must be a list")
-        return {"op": "user", "messages": await self.env.next_user_turn(messages)}
-
-    async def _reward(self, msg: dict[str, Any]) -> dict[str, Any]:
-        assert self.env is not None and self.task is not None
-        transcript = transcript_from_dict(msg.get("transcript"))
-        if "ground_truth" in msg:
-            # Withheld until now: environments read ``task.ground_truth`` when scoring (through
-            # ``self.task`` or a closure over the task), so the task object they were built with
-            # gets it. The server made that object from the wire; nobody else holds it.
-            object.__setattr__(self.task, "ground_truth", str(msg["ground_truth"]))
-        reward = await self.env.reward(transcript)
-        return {"op": "reward", **reward_to_dict(reward)}
-
-    async def _snapshot(self, msg: dict[str, Any]) -> dict[str, Any]:
-        assert self.env is not None
-        if not self.env.supports_snapshot:
-            return _error(f"environment {self.env_type!r} cannot snapshot its state", "snapshot")
-        sid = len(self.snapshots)
-        self.snapshots[sid] = self.env.snapshot()
-        return {"op": "snapshot", "id": sid}
-
-    async def _restore(self, msg: dict[str, Any]) -> dict[str, Any]:
-        assert self.env is not None
-        sid = msg.get("id", len(self.snapshots) - 1)
-        if not isinstance(sid, int) or sid not in self.snapshots:
-            return _error(f"no snapshot with id {sid!r}", "restore")
-        self.env.restore(self.snapshots[sid])
-        return {"op": "restored", "id": sid}
-
-    async def close(self) -> None:
-        env, self.env = self.env, None
-        self.snapshots.clear()
-        if env is not None:
-            try:
-                await env.close()
-            except Exception:
-                log.exception("%s env failed to close", self.env_type)
-
-
-def check_options(env_type: str, options: Mapping[str, Any]) -> None:
-    """Raise ``EnvConfigError`` at startup for options the env type refuses. Probed by building one
-    env on an empty task; an env that cannot be built without a real task is checked at reset."""
-    factory = get_env_factory(env_type)
-    probe = Task("options-check", ({"role": "user", "content": ""},), "")
+async def _close(websocket: WebSocket, code: int, reason: str) -> None:
+    """Bounded (a client that reads nothing would hold a close forever); a client that went
+    first (e.g. after a frame over the size limit, code 1009) is fine."""
     try:
-        env = factory(probe, dict(options))
-    except EnvConfigError:
-        raise
-    except Exception:  # needs a real task (e.g. BFCL): its options are checked per episode
-        return
-    close = getattr(env, "close", None)
-    if close is not None:
-        try:
-            asyncio.run(close())
-        except Exception:
-            pass
+        await asyncio.wait_for(websocket.close(code=code, reason=reason), 2.0)
+    except (WebSocketDisconnect, RuntimeError, asyncio.TimeoutError):
+        pass
 
 
 def create_app(
@@ -233,11 +117,14 @@ def create_app(
     token: str | None = None,
     idle_timeout_s: float = 600.0,
     max_sessions: int = 1024,
+    handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S,
 ) -> FastAPI:
     """An app serving ``env_type``; raises ``EnvConfigError`` now if the type or an option is
     unknown, ``ValueError`` for limits out of range."""
     if not idle_timeout_s > 0:
         raise ValueError(f"--idle-timeout must be > 0 seconds, got {idle_timeout_s}")
+    if not handshake_timeout_s > 0:
+        raise ValueError(f"--handshake-timeout must be > 0 seconds, got {handshake_timeout_s}")
     if max_sessions < 1:
         raise ValueError(f"--max-sessions must be >= 1, got {max_sessions}")
     factory = get_env_factory(env_type)
@@ -249,7 +136,9 @@ def create_app(
         title=f"toolgrpo env: {env_type}", docs_url=None, redoc_url=None, openapi_url=None
     )
     app.state.sessions = 0
+    app.state.max_sessions = max_sessions
     app.state.idle_closed = 0
+    app.state.handshake_closed = 0
     # Known for env classes; for factory functions it is learnt from the first episode.
     app.state.supports_snapshot = getattr(factory, "supports_snapshot", None)
 
@@ -270,8 +159,50 @@ def create_app(
             "sessions": app.state.sessions,
             "max_sessions": max_sessions,
             "idle_timeout_s": idle_timeout_s,
+            "handshake_timeout_s": handshake_timeout_s,
             "ground_truth_at": gt_when.decode(),
         }
+
+    async def run_session(websocket: WebSocket, session: Session) -> None:
+        """Frames in, replies out, until the client closes, goes quiet or stops reading."""
+        opened = time.monotonic()
+
+        def budget() -> float:
+            """Until its episode starts a session holds a slot but no env: it has
+            handshake_timeout_s in all for that, not idle_timeout_s per frame."""
+            if session.env is None:
+                return max(handshake_timeout_s - (time.monotonic() - opened), 0.0)
+            return idle_timeout_s
+
+        while True:
+            try:
+                frame = await asyncio.wait_for(websocket.receive(), budget())
+            except asyncio.TimeoutError:  # a client that went quiet holds no slot forever
+                if session.env is None:
+                    app.state.handshake_closed += 1
+                    why = f"no episode started within {handshake_timeout_s:g}s"
+                    await _close(websocket, 1008, why)
+                else:
+                    app.state.idle_closed += 1
+                    log.info("closing a session idle for %gs", idle_timeout_s)
+                    await _close(websocket, 1001, f"idle for {idle_timeout_s:g}s")
+                return
+            if frame["type"] == "websocket.disconnect":
+                return
+            text = frame.get("text")
+            if text is None:
+                text = (frame.get("bytes") or b"").decode("utf-8", "replace")
+            reply = await session.handle(text)
+            if session.env is not None:
+                app.state.supports_snapshot = bool(session.env.supports_snapshot)
+            try:  # a client that reads nothing must not pin its slot and env either
+                await asyncio.wait_for(websocket.send_text(encode_reply(reply)), max(budget(), 1))
+            except asyncio.TimeoutError:
+                app.state.idle_closed += 1
+                log.info("closing a session whose client stopped reading its replies")
+                return
+            if reply["op"] == "closed":
+                return
 
     @app.websocket("/ws")
     async def episode(websocket: WebSocket) -> None:
@@ -293,73 +224,18 @@ def create_app(
         except BaseException:
             app.state.sessions -= 1
             raise
-        session = _Session(env_type, options)
+        session = Session(env_type, options)
         try:
-            while True:
-                try:
-                    frame = await asyncio.wait_for(websocket.receive(), idle_timeout_s)
-                except asyncio.TimeoutError:  # a client that went quiet holds no env forever
-                    app.state.idle_closed += 1
-                    log.info("closing a session idle for %gs", idle_timeout_s)
-                    await websocket.close(code=1001, reason=f"idle for {idle_timeout_s:g}s")
-                    break
-                if frame["type"] == "websocket.disconnect":
-                    break
-                text = frame.get("text")
-                if text is None:
-                    text = (frame.get("bytes") or b"").decode("utf-8", "replace")
-                reply = await session.handle(text)
-                if session.env is not None:
-                    app.state.supports_snapshot = bool(session.env.supports_snapshot)
-                await websocket.send_text(json.dumps(reply, default=str))
-                if reply["op"] == "closed":
-                    break
+            await run_session(websocket, session)
         except (WebSocketDisconnect, RuntimeError, OSError):  # client gone mid-reply
             pass
         finally:
             app.state.sessions -= 1
             await session.close()
             if websocket.application_state == WebSocketState.CONNECTED:
-                try:
-                    await websocket.close()
-                except RuntimeError:
-                    pass
+                await _close(websocket, 1000, "")
 
     return app
-
-
-def parse_options(pairs: list[str]) -> dict[str, Any]:
-    """``key=value`` strings as env options; values read as YAML scalars (``3`` is an int)."""
-    import yaml
-
-    out: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        key = key.strip()
-        if not sep or not key or not key.replace("_", "a").replace("-", "a").isalnum():
-            raise ValueError(f"--option expects KEY=VALUE with a plain key, got {pair!r}")
-        if key in out:
-            raise ValueError(f"--option {key} given twice")
-        try:
-            out[key] = yaml.safe_load(value) if value else ""
-        except yaml.YAMLError:
-            out[key] = value
-    return out
-
-
-def read_token(token_file: str | None = None) -> str | None:
-    """The server's token from ``--token-file`` or ``$TOOLGRPO_ENV_TOKEN`` (never the command
-    line, where every user of the machine can read it in the process list)."""
-    if token_file:
-        p = Path(token_file)
-        try:
-            text = p.read_text(encoding="utf-8").strip()
-        except (OSError, UnicodeDecodeError) as e:
-            raise ValueError(f"cannot read --token-file {p}: {e}") from e
-        if not text:
-            raise ValueError(f"--token-file {p} is empty")
-        return text
-    return os.environ.get(TOKEN_ENV) or None
 
 
 def serve(
@@ -371,8 +247,12 @@ def serve(
     access_log: bool = False,
     idle_timeout_s: float = 600.0,
     max_sessions: int = 1024,
+    header_timeout_s: float = HEADER_TIMEOUT_S,
+    handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S,
+    max_connections: int | None = None,
 ) -> None:
-    """Run the server until interrupted; refuses a non-loopback address without a token."""
+    """Run the server until interrupted; refuses a non-loopback address without a token.
+    ``max_connections`` defaults to ``max_sessions`` plus room for health checks."""
     if not 1 <= port <= 65535:
         raise ValueError(f"--port must be in 1..65535, got {port}")
     if not is_loopback(host) and not token:
@@ -380,18 +260,23 @@ def serve(
             f"refusing to serve on {host!r} without a token: anyone who can reach it could run "
             f"the environment's tools. Set {TOKEN_ENV} or pass --token-file, or bind to 127.0.0.1"
         )
+    if max_connections is None:
+        max_connections = default_max_connections(max_sessions)
+    elif max_connections < max_sessions:
+        raise ValueError(
+            f"--max-connections ({max_connections}) must be at least --max-sessions "
+            f"({max_sessions}): every session holds a connection"
+        )
+    uv_options = uvicorn_options(header_timeout_s, max_connections)
+    app = create_app(env_type, options, token, idle_timeout_s, max_sessions, handshake_timeout_s)
     import uvicorn
 
-    app = create_app(env_type, options, token, idle_timeout_s, max_sessions)
-    # No keepalive pings: a trainer busy generating for a minute must not lose its sessions;
-    # a dead peer is noticed by the closed socket, the idle timeout or the client's timeout.
+    raise_fd_limit(max_connections)
     uvicorn.run(
         app,
         host=host,
         port=port,
         log_level="info",
         access_log=access_log,  # one line per episode is noise at training scale
-        ws_max_size=MAX_MESSAGE_BYTES,
-        ws_ping_interval=None,
-        ws_ping_timeout=None,
+        **uv_options,
     )
