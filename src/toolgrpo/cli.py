@@ -4,10 +4,19 @@ verl."""
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import logging
 import os
 import sys
+
+from toolgrpo.cli_help import CONFIG_ARGS, add_config_args, looks_like_override
+from toolgrpo.errors import UserError
+
+
+class UsageError(UserError):
+    """A command line that cannot mean what was asked (printed as one line, exit 2)."""
+
 
 # Quiet, offline, and friendly to 2-core machines before torch/transformers import.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -34,6 +43,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     path, overrides = _split(args.rest)
     cfg = load_config(TrainConfig, path, overrides)
+    args.output_dir = cfg.trainer.output_dir  # named if interrupted
     trainer = Trainer(cfg)
     try:
         history = trainer.fit()
@@ -68,6 +78,7 @@ def cmd_sft(args: argparse.Namespace) -> int:
 
     path, overrides = _split(args.rest)
     cfg = load_config(SFTConfig, path, overrides)
+    args.output_dir = cfg.trainer.output_dir
     result = SFTTrainer(cfg).fit()
     print(json.dumps(result))
     return 0
@@ -76,13 +87,19 @@ def cmd_sft(args: argparse.Namespace) -> int:
 def cmd_infer(args: argparse.Namespace) -> int:
     from toolgrpo.infer import run_infer
 
-    path, overrides = _split(args.rest[:-1])
     if not args.rest:
-        raise FileNotFoundError("toolgrpo infer needs a prompt (the last argument)")
+        raise UsageError("toolgrpo infer needs a prompt (the last argument)")
+    prompt = args.rest[-1]
+    if looks_like_override(prompt):
+        raise UsageError(
+            f"the last argument, {prompt!r}, looks like a config override, but the prompt comes "
+            "last: toolgrpo infer [options] [config.yaml] [key=value ...] PROMPT"
+        )
+    path, overrides = _split(args.rest[:-1])
     run_infer(
         path,
         overrides,
-        args.rest[-1],
+        prompt,
         args.task_type,
         checkpoint=args.checkpoint,
         ground_truth=args.ground_truth,
@@ -127,6 +144,9 @@ def cmd_serve_env(args: argparse.Namespace) -> int:
             args.verbose,
             idle_timeout_s=args.idle_timeout,
             max_sessions=args.max_sessions,
+            header_timeout_s=args.header_timeout,
+            handshake_timeout_s=args.handshake_timeout,
+            max_connections=args.max_connections,
         )
     except (EnvConfigError, ValueError, ImportError) as e:
         print(f"toolgrpo serve-env: error: {e}", file=sys.stderr)
@@ -134,14 +154,17 @@ def cmd_serve_env(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="toolgrpo", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true")
+    parser.add_argument("--version", action="version", version=f"toolgrpo {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("train", help="GRPO/PPO training: [config.yaml] [key=value ...]")
-    p.add_argument("rest", nargs=argparse.REMAINDER)
+    text = f"GRPO/PPO training: {CONFIG_ARGS}"
+    p = sub.add_parser("train", help=text, description=text)
+    add_config_args(p, "train")
     p.set_defaults(func=cmd_train)
-    p = sub.add_parser("eval", help="score a model or checkpoint on the RLLA test split")
+    text = "score a model or checkpoint on held-out tasks (default: the RLLA test split)"
+    p = sub.add_parser("eval", help=text, description=text)
     p.add_argument("--checkpoint", help="a checkpoint dir (global_step_N) or an HF model dir")
     p.add_argument("--output", default=None, help="where to write the JSON result")
     p.add_argument("--limit", type=int, default=-1, help="evaluate only the first N tasks")
@@ -149,26 +172,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--rollout-data-dir", default=None, help="write every episode to DIR/0.jsonl (report)"
     )
-    p.add_argument("rest", nargs=argparse.REMAINDER)
+    add_config_args(p, "eval")
     p.set_defaults(func=cmd_eval)
     p = sub.add_parser("report", help="one self-contained HTML page of a run")
     p.add_argument("run_dir", help="a training run's trainer.output_dir")
     p.add_argument("--output", default=None, help="where to write it (default RUN_DIR/report.html)")
     p.add_argument("--rollout-data-dir", default=None, help="dumps elsewhere than the config says")
     p.set_defaults(func=cmd_report)
-    p = sub.add_parser("sft", help="supervised fine-tuning: [config.yaml] [key=value ...]")
-    p.add_argument("rest", nargs=argparse.REMAINDER)
+    text = f"supervised fine-tuning: {CONFIG_ARGS}"
+    p = sub.add_parser("sft", help=text, description=text)
+    add_config_args(p, "sft", schema="sft")
     p.set_defaults(func=cmd_sft)
-    p = sub.add_parser(
-        "infer", help="play one episode: [options] [config.yaml] [key=value ...] PROMPT"
-    )
+    text = f"play one episode: [options] {CONFIG_ARGS} PROMPT"
+    p = sub.add_parser("infer", help=text, description=text)
     p.add_argument("--task-type", default="calculator", help="which environment plays it")
     p.add_argument("--checkpoint", help="a checkpoint dir (global_step_N) or an HF model dir")
     p.add_argument("--ground-truth", default="", help="the answer, to print the env's reward")
     p.add_argument("--system", default=None, help="an extra system message")
     p.add_argument("--sample", action="store_true", help="sample instead of greedy decoding")
     p.add_argument("--route", default=None, help="force a route: ANSWER, SEARCH or CALCULATE")
-    p.add_argument("rest", nargs=argparse.REMAINDER)
+    add_config_args(p, "infer", last="PROMPT")
     p.set_defaults(func=cmd_infer)
     p = sub.add_parser("serve-env", help="serve an environment over WebSocket")
     p.add_argument("name", help="a registered environment type, e.g. calculator")
@@ -180,6 +203,18 @@ def main(argv: list[str] | None = None) -> int:
         "--idle-timeout", type=float, default=600.0, help="close sessions idle this many seconds"
     )
     p.add_argument("--max-sessions", type=int, default=1024, help="open sessions at most")
+    p.add_argument(
+        "--max-connections",
+        type=int,
+        default=None,
+        help="open sockets at most (default: --max-sessions + 64)",
+    )
+    p.add_argument(
+        "--header-timeout", type=float, default=10.0, help="seconds to send request headers"
+    )
+    p.add_argument(
+        "--handshake-timeout", type=float, default=30.0, help="seconds from upgrade to reset"
+    )
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="env option")
     imp = "import MODULE first (to register custom environment types)"
     p.add_argument(
@@ -189,7 +224,22 @@ def main(argv: list[str] | None = None) -> int:
     from toolgrpo.router.label_cli import add_parser as add_label_parser
 
     add_label_parser(sub)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("toolgrpo")
+    except Exception:  # run from a source tree that is not installed
+        from toolgrpo import __version__
+
+        return __version__
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
@@ -198,12 +248,35 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         return args.func(args)
+    except KeyboardInterrupt:  # Ctrl-C: where the run stands, not a traceback
+        print(f"toolgrpo {args.command}: interrupted{_resume_hint(args)}", file=sys.stderr)
+        return 130
     except Exception as e:
         cause = user_cause(e)
         if cause is None:
             raise  # a bug: keep the traceback
-        print(f"toolgrpo {args.command}: error: {one_line(cause)}", file=sys.stderr)
+        text = one_line(cause)
+        if isinstance(cause, OSError) and cause.errno in (errno.ENOSPC, errno.EDQUOT):
+            where = f": {cause.filename}" if cause.filename else ""
+            text = f"disk full: {cause.strerror}{where}"
+        print(f"toolgrpo {args.command}: error: {text}", file=sys.stderr)
         return 2
+
+
+def _resume_hint(args: argparse.Namespace) -> str:
+    """For train and sft: the checkpoint the same command resumes from."""
+    out = getattr(args, "output_dir", None)
+    if not out:
+        return ""
+    from toolgrpo.trainer.checkpoint import latest_checkpoint
+
+    try:
+        ckpt = latest_checkpoint(out)
+    except OSError:
+        ckpt = None
+    if ckpt is None:
+        return f"; no checkpoint in {out} yet: the same command starts the run over"
+    return f"; run the same command again to resume from {ckpt} (trainer.resume=auto)"
 
 
 # Errors a user can fix, besides toolgrpo.errors.UserError (ConfigError, DataError,
@@ -223,8 +296,6 @@ USER_ERRORS = (
 
 def user_errors() -> tuple[type[BaseException], ...]:
     """The exception classes ``main`` prints as one line with exit code 2."""
-    from toolgrpo.errors import UserError
-
     found: list[type[BaseException]] = [UserError, FileNotFoundError]
     for module, name in USER_ERRORS:
         loaded = sys.modules.get(module)
@@ -241,6 +312,8 @@ def user_cause(e: BaseException) -> BaseException | None:
     while seen is not None:
         if isinstance(seen, kinds):
             return seen
+        if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT):
+            return seen  # a full disk: the user's to fix, said in one line
         seen = seen.__cause__
     return None
 

@@ -11,6 +11,7 @@ from rich.panel import Panel
 
 from toolgrpo.config.loader import load_config
 from toolgrpo.config.schema import TrainConfig
+from toolgrpo.data.loader import DataError, check_text
 from toolgrpo.data.task import Task
 from toolgrpo.distributed.fsdp import resolve_device
 from toolgrpo.eval.cli import apply_checkpoint
@@ -42,6 +43,11 @@ def run_infer(
     """One episode of ``prompt`` in the environment of ``task_type``; printed and returned.
     With a router (a checkpoint's ``router.pt``, or ``router.enable``), the route is chosen
     first and conditions the prompt; ``route`` forces one."""
+    for text, what in ((prompt, "the prompt"), (system or "", "--system")):
+        try:
+            check_text(text, what)  # a lone surrogate (argv bytes that are not UTF-8)
+        except ValueError as e:
+            raise DataError(str(e)) from None
     cfg = load_config(TrainConfig, config_path, overrides)
     if checkpoint:
         apply_checkpoint(cfg, checkpoint)

@@ -15,6 +15,7 @@ from typing import Any
 
 from toolgrpo.config.loader import ConfigError
 from toolgrpo.config.router import COST_MODES, LAGRANGIANS, LM_REWARDS, POOLINGS
+from toolgrpo.config.schema import ROLLBACK_MODES
 
 
 @dataclass(frozen=True)
@@ -116,6 +117,9 @@ ADV_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "gae")
 AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 KL_KINDS = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")  # "+" suffix: straight-through
 ROLLOUT_IS_LEVELS = ("sequence", "token")  # toolgrpo.mixture.correction (decoupled weights)
+FIXED_LOSSES = ("is", "shaped")  # toolgrpo.mixture.correction.OBJECTIVES
+SHAPING_RATIOS = ("ratio", "prob")  # toolgrpo.algos.offpolicy
+GROUP_MODES = ("whole", "mixed")  # toolgrpo.mixture.groups
 MISMATCH_IS_LEVELS = ("token", "sequence")  # toolgrpo.algos.mismatch (rollout correction)
 WARMUP_STYLES = ("constant", "cosine")  # toolgrpo.trainer.optim.lr_factor
 
@@ -189,10 +193,13 @@ TRAIN_RULES: dict[str, Any] = {
     _MT + "max_concurrent_episodes": NONNEG,  # 0 = all
     _MT + "error_reward": FINITE,
     _MT + "max_tool_retries": NONNEG,
-    _MT + "max_negative_samples_per_group": NONNEG,
+    _MT + "max_negative_samples_per_group": Num(0, optional=True),  # null = no cap
+    _MT + "rollback_mode": OneOf(ROLLBACK_MODES),
     _MT + "negative_reward": FINITE,
     _MT + "rollback_error_types": OneOf(_error_types, each=True),
     _MT + "max_env_failure_ratio": UNIT,  # 1 = never stop the run
+    _MT + "env_call_timeout_s": NONNEG,  # 0 = no deadline
+    _MT + "env_episode_timeout_s": NONNEG,  # 0 = no deadline
     _R + "dtype": OneOf(DTYPES),
     _R + "gpu_memory_utilization": PROB,
     _R + "cpu_kvcache_space_gb": POS,
@@ -241,6 +248,9 @@ TRAIN_RULES: dict[str, Any] = {
     _RO + "weight": NONNEG,
     _RO + "rollout_is": OneOf(ROLLOUT_IS_LEVELS),
     _RO + "rollout_is_threshold": Num(0, low_open=True, optional=True),  # null = untruncated
+    _RO + "fixed_loss": OneOf(FIXED_LOSSES),
+    _RO + "shaping_gamma": POS,
+    _RO + "shaping_ratio": OneOf(SHAPING_RATIOS),
     _S + "alpha": UNIT,
     _S + "alpha_0": UNIT,
     _S + "beta": FINITE,
@@ -250,6 +260,8 @@ TRAIN_RULES: dict[str, Any] = {
     _S + "seed": Num(0, optional=True),
     _S + "signal": OneOf(("ess", "reward", "ess_or_reward")),
     _S + "ema": PROB,
+    _S + "groups": OneOf(GROUP_MODES),
+    _S + "fixed_per_group": Num(1),  # k >= 1
     # The router's numbers are checked by config.router.check_router_config; its names here too,
     # for the "did you mean".
     "router.pooling": OneOf(POOLINGS),

@@ -9,6 +9,11 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from toolgrpo.config.algorithm import AlgorithmConfig, KLCtrlConfig, RolloutCorrectionConfig  # noqa: F401
+from toolgrpo.config.mixture import (  # noqa: F401
+    FixedPolicyConfig,
+    RolloutAllocationScheduleConfig,
+    RolloutOnlyConfig,
+)
 from toolgrpo.config.router import RouterConfig
 
 
@@ -104,6 +109,7 @@ ROLLBACK_ERROR_JSON_KEYS = ("error",)
 # Flagged errors that the model caused; timeouts may be the machine's, transport errors end the
 # episode anyway.
 ROLLBACK_ERROR_TYPES = ("parse", "unknown_tool", "invalid_arguments", "exception")
+ROLLBACK_MODES = ("retry", "fission")  # docs/multi_turn.md, "Tool-call rollback"
 
 
 @dataclass
@@ -123,14 +129,23 @@ class MultiTurnConfig:
     # The run stops (EnvFailureError) when more than this share of a step's episodes failed in
     # their environment; 1.0 never stops (a step whose episodes all failed skips its update).
     max_env_failure_ratio: float = 0.5
+    # Deadlines on environment calls (reset, step, next_user_turn, reward, snapshot/restore,
+    # close): one call, and all of one episode's calls together (generation not counted). Past
+    # either, the episode is an environment failure with the reason; 0 = no limit.
+    env_call_timeout_s: float = 60.0
+    env_episode_timeout_s: float = 900.0
+    # DAPO's overlong filtering: truncated episodes (context, length, max_turns, prompt_too_long)
+    # stay in their group's baseline but train no token; rollout/truncated_frac is their share.
+    mask_truncated: bool = False
     # task_type -> {type: <env type, default the task type>, max_turns: N, <env options>...}
     envs: dict[str, Any] = field(default_factory=dict)
-    # Tool rollback (toolgrpo.rollout.rollback): a turn whose tool results match is undone
-    # (episode and environment state) and sampled again; failed attempts may join the GRPO group.
+    # Tool rollback (toolgrpo.rollout.rollback): a turn whose tool results match is undone and
+    # sampled again (retry) or kept and gone on from (fission); no failed attempt goes untrained.
     enable_tool_rollback: bool = False
-    max_tool_retries: int = 2  # re-samplings of one failing turn; then its last failure stands
-    save_negative_samples: bool = True  # keep rolled-back attempts as extra group members
-    max_negative_samples_per_group: int = 2  # over all n episodes of a task
+    rollback_mode: str = "retry"  # retry | fission (Fission-GRPO; needs no snapshots)
+    max_tool_retries: int = 2  # re-samplings (forks) of one failing turn; then its failure stands
+    save_negative_samples: bool = True  # false erases retried failures: their calls go untrained
+    max_negative_samples_per_group: int | None = None  # over a task's n episodes; null = no cap
     # The score of a negative sample; at most every environment's lowest reward (checked at
     # startup against Env.reward_range). Its advantage is never positive (algos.advantages).
     negative_reward: float = -1.0
@@ -280,65 +295,6 @@ class AsyncTrainingConfig:
 
     enable: bool = False
     staleness_threshold: int = 0
-
-
-@dataclass
-class RolloutAllocationScheduleConfig:
-    """Top-level ``rollout_allocation_schedule`` (the design's keys): how often the actor samples
-    (α) rather than a fixed policy; see ``toolgrpo.mixture.schedule``. Used with rollout_only."""
-
-    type: str = "constant"  # constant | linear | exponential | step | adaptive | a registered name
-    alpha: float = 0.5  # constant: P(actor samples a step or group); adaptive: the starting α
-    alpha_0: float = 0.0  # linear: α = alpha_0 + beta * step, capped at max_alpha
-    beta: float = 0.05
-    max_alpha: float = 1.0  # cap for linear, exponential and adaptive
-    gamma: float = 0.1  # exponential: α = 1 - exp(-gamma * step)
-    switch_steps: list[int] = field(default_factory=list)  # step: the policy flips at each
-    initial_policy: str = "fixed"  # step: who samples before the first switch (actor | fixed)
-    seed: int | None = None  # None = trainer.seed
-    per_sample: bool = False  # False: one policy per step; True: one per prompt group
-    # adaptive: α rises from alpha toward max_alpha as the fixed rows' sequence ESS falls, and
-    # jumps to max_alpha once the actor's rollout reward reaches the fixed policy's.
-    signal: str = "ess"  # adaptive: ess | reward | ess_or_reward
-    ema: float = 0.5  # adaptive: weight of the newest observation in the running averages
-    params: dict[str, Any] = field(default_factory=dict)  # a user schedule's own settings
-
-
-@dataclass
-class FixedPolicyConfig:
-    """One more fixed policy; unset fields take ``rollout_only``'s value, then the actor's."""
-
-    model_path: str = ""
-    adapter_path: str = ""
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    weight: float = 1.0  # share among fixed policies when a fixed policy samples
-
-
-@dataclass
-class RolloutOnlyConfig:
-    """A fixed (frozen) policy that shares rollout duty with the actor, corrected by importance
-    sampling. Off unless ``model_path`` is set; unset (None) sampling fields inherit
-    ``actor_rollout_ref.rollout``'s."""
-
-    model_path: str = ""  # HF dir, .gguf file, or alias, like actor_rollout_ref.model.path
-    adapter_path: str = ""  # a LoRA adapter on top of it
-    dtype: str | None = None  # None = actor_rollout_ref.model.dtype
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    generation_batch_size: int | None = None
-    weight: float = 1.0  # share of this policy among the fixed ones
-    extra_policies: list[FixedPolicyConfig] = field(default_factory=list)
-    # The IS estimator for fixed rows (verl's rollout-correction vocabulary; toolgrpo.mixture.
-    # correction). false: decoupled PPO, clipped around the actor's own old log-probs, times a
-    # truncated weight min(π_old/π_fixed, C). true: the design's literal method, π_fixed as the PPO
-    # old log-probs (biased: see docs/mixture.md).
-    bypass_mode: bool = False
-    rollout_is: str = "sequence"  # decoupled weight level: sequence | token
-    rollout_is_threshold: float | None = 2.0  # C; null = untruncated
-    offload: bool = False  # load the fixed model only for the steps that use it, free it after
 
 
 # Old spellings that still load, each with a warning naming the key that replaced it

@@ -18,6 +18,7 @@ from toolgrpo.config.rules import (
     check_rules,
 )
 from toolgrpo.config.schema import (
+    ROLLBACK_MODES,
     MultiTurnConfig,
     RolloutAllocationScheduleConfig,
     RolloutOnlyConfig,
@@ -146,7 +147,7 @@ def validate_train_config(cfg: TrainConfig) -> None:
         mt.enable_tool_rollback
         and mt.max_tool_retries > 0
         and mt.save_negative_samples
-        and mt.max_negative_samples_per_group > 0
+        and mt.max_negative_samples_per_group != 0
     )
     if alg.adv_estimator == "gae" and keeps_negatives:
         # A negative's reward is a label, not a return: the critic would learn it as the value
@@ -170,8 +171,15 @@ def _check_rollback(mt: MultiTurnConfig) -> None:
     if mt.enable_tool_rollback and not mt.enable:
         raise ConfigError(f"{key}enable_tool_rollback needs {key}enable=true")
     for name in ("max_tool_retries", "max_negative_samples_per_group"):
-        if getattr(mt, name) < 0:
-            raise ConfigError(f"{key}{name} must be >= 0, got {getattr(mt, name)}")
+        value = getattr(mt, name)
+        if value is not None and value < 0:
+            raise ConfigError(f"{key}{name} must be >= 0 (or null: no cap), got {value}")
+    _one_of(mt.rollback_mode, ROLLBACK_MODES, f"{key}rollback_mode")
+    if mt.rollback_mode == "fission" and not mt.save_negative_samples:
+        raise ConfigError(
+            f"{key}rollback_mode=fission trains each forked failure only as a negative sample: "
+            f"set {key}save_negative_samples=true (or use rollback_mode=retry)"
+        )
     if not math.isfinite(mt.negative_reward):
         raise ConfigError(f"{key}negative_reward must be finite, got {mt.negative_reward}")
     for i, pattern in enumerate(mt.rollback_error_patterns):
@@ -220,6 +228,16 @@ def _check_rollout_only(cfg: TrainConfig) -> None:
             raise ConfigError(f"{key}.weight must be >= 0, got {e.weight}")
     if sum(e.weight for _, e in entries) <= 0:
         raise ConfigError("the fixed policies' weights (rollout_only.weight, ...) sum to 0")
+    if ro.fixed_loss == "shaped" and ro.bypass_mode:
+        raise ConfigError(
+            "rollout_only.fixed_loss=shaped trains fixed rows without PPO's old log-probs: "
+            "rollout_only.bypass_mode=true has nothing to bypass (set it false)"
+        )
+    if cfg.rollout_allocation_schedule.groups == "mixed" and cfg.router.enable:
+        raise ConfigError(
+            "rollout_allocation_schedule.groups=mixed cannot run with router.enable: the router "
+            "samples one route per rollout of whole groups (use groups=whole)"
+        )
     if ro.bypass_mode and cfg.algorithm.use_kl_in_reward:
         raise ConfigError(
             "algorithm.use_kl_in_reward would charge fixed-policy rows the fixed policy's KL "

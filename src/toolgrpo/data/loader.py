@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import math
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from importlib import resources
@@ -60,6 +61,8 @@ def read_rows(path: str | Path) -> Iterator[dict[str, Any] | Exception]:
             rows = json.loads(p.read_bytes().decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
             raise DataError(f"{p}: not a UTF-8 JSON file ({e})") from e
+        except RecursionError:
+            raise DataError(f"{p}: {_TOO_DEEP}") from None
         if not isinstance(rows, list):
             raise DataError(f"{p}: a .json dataset must hold a list of rows")
         yield from rows
@@ -74,6 +77,11 @@ def read_rows(path: str | Path) -> Iterator[dict[str, Any] | Exception]:
                 yield ValueError(f"not valid UTF-8 ({e.reason} at byte {e.start})")
             except json.JSONDecodeError as e:
                 yield ValueError(f"not valid JSON ({e})")
+            except RecursionError:  # "[[[[..." deeper than Python's parser recurses
+                yield ValueError(_TOO_DEEP)
+
+
+_TOO_DEEP = "nested too deeply to parse (arrays or objects inside each other)"
 
 
 def _parquet_rows(p: Path) -> list[dict[str, Any]]:
@@ -99,17 +107,19 @@ def row_to_task(row: Any, source: str, index: int) -> Task:
             raise ValueError("each prompt message needs a string 'content'")
         if m.get("role") not in ROLES:
             raise ValueError(f"message role {m.get('role')!r} is not one of {ROLES}")
+        check_text(m["content"], "a prompt message")
         messages.append({"role": m["role"], "content": m["content"]})
     rm = row.get("reward_model")
     gt = rm.get("ground_truth") if isinstance(rm, dict) else None
     if not isinstance(gt, str) or not gt.strip():
         raise ValueError("'reward_model.ground_truth' must be a non-empty string")
+    check_text(gt, "'reward_model.ground_truth'")
     data_source = row.get("data_source")
     if not isinstance(data_source, str) or not data_source:
         raise ValueError("'data_source' must be a non-empty string")
     extra = row.get("extra_info") if isinstance(row.get("extra_info"), dict) else {}
     task_type = row.get("task_type") or extra.get("task_type") or _task_type(data_source)
-    idx = extra.get("index", index)
+    idx = _row_index(extra.get("index", index))
     return Task(
         task_id=f"{source}#{idx}",
         messages=tuple(messages),
@@ -125,6 +135,32 @@ def row_to_task(row: Any, source: str, index: int) -> Task:
             **({"needs_tool": extra["needs_tool"]} if "needs_tool" in extra else {}),
         },
     )
+
+
+def check_text(text: str, what: str) -> None:
+    """Refuse text no tokenizer can encode: a lone surrogate (``"\\ud800"`` in JSON) is valid
+    JSON but not Unicode text, and fails deep inside the tokenizer with a TypeError."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(
+            f"{what} holds a lone surrogate ({text[e.start]!r} at character {e.start}), which is "
+            "not valid Unicode text"
+        ) from None
+
+
+def _row_index(idx: Any) -> int | str:
+    """``extra_info.index``: a whole number (a float that is one, as pandas writes them) or a
+    non-empty string; NaN, infinities and other values name no row."""
+    if isinstance(idx, bool):
+        raise ValueError(f"'extra_info.index' is {idx!r}, not a whole number or a string")
+    if isinstance(idx, float) and math.isfinite(idx) and idx.is_integer():
+        return int(idx)
+    if isinstance(idx, int) or (isinstance(idx, str) and idx.strip()):
+        if isinstance(idx, str):
+            check_text(idx, "'extra_info.index'")
+        return idx
+    raise ValueError(f"'extra_info.index' is {idx!r}, not a whole number or a string")
 
 
 def _task_type(data_source: str) -> str:
@@ -204,6 +240,30 @@ def test_prompt_keys() -> set[str]:
     return _TEST_KEYS
 
 
+def _warn_duplicates(source: str, tasks: list[Task]) -> None:
+    """Rows of one file sharing an ``extra_info.index`` share a task id (what the dumps,
+    reports and the router's labels key on): said once per file, with the first repeat."""
+    seen: dict[str, int] = {}
+    repeats: list[tuple[str, int, int]] = []
+    for t in tasks:
+        row = int(t.meta.get("row", -1))
+        if t.task_id in seen:
+            repeats.append((t.task_id, seen[t.task_id], row))
+        else:
+            seen[t.task_id] = row
+    if repeats:
+        tid, first, again = repeats[0]
+        log.warning(
+            "%s: %d row(s) repeat an earlier row's extra_info.index (e.g. %s: rows %d and %d); "
+            "their task ids collide in dumps and reports",
+            source,
+            len(repeats),
+            tid,
+            first,
+            again,
+        )
+
+
 def load_tasks(
     specs: str | list[str],
     bad_rows: str = "skip",
@@ -246,6 +306,7 @@ def load_tasks(
                 problems.append(problem)
                 continue
             tasks.append(task)
+        _warn_duplicates(source, tasks)
     if max_samples > 0:
         rounds = itertools.zip_longest(*per_file)
         tasks = [t for t in itertools.chain.from_iterable(rounds) if t is not None][:max_samples]

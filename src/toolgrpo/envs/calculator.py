@@ -122,7 +122,9 @@ _SOLVE_FUNCTIONS = ("sqrt", "exp", "log", "sin", "cos", "tan", "pi", "E")
 _ALLOWED_CHARS = re.compile(r"^[A-Za-z0-9\s.+\-*/^()=]*$")
 _MAX_SOLVE_POWER = 6
 _MAX_LITERAL_EXPONENT = 300  # sympy builds 10**e exactly: 1e99999 took 4 s, 1e999999 minutes
-_LITERAL = re.compile(r"\d+(?:\.\d*)?(?:e(-?\d+))?")
+# A number literal; its exponent in either case and with either sign (sympy reads 1E999999 and
+# 1e+999999 as 1e999999 too).
+_LITERAL = re.compile(r"\d+(?:\.\d*)?(?:[eE]([+-]?\d+))?")
 
 
 def _parse_side(text: str, variable: str) -> Any:
@@ -174,7 +176,7 @@ def solve(equation: str, variable: str = "x") -> str:
         raise ValueError(f"variable must be a single lowercase letter, got {variable!r}")
     if len(equation) > MAX_EXPRESSION_CHARS or not _ALLOWED_CHARS.match(equation):
         raise ValueError("equation may only use numbers, the variable, + - * / ^ ( ) and =")
-    for word in re.findall(r"[A-Za-z]\w*", re.sub(r"\d+(\.\d*)?(e-?\d+)?", " ", equation)):
+    for word in re.findall(r"[A-Za-z]\w*", _LITERAL.sub(" ", equation)):
         if word != variable and word not in _SOLVE_FUNCTIONS:
             raise ValueError(f"unknown name {word!r} (the variable is {variable!r})")
     for literal in _LITERAL.finditer(equation):

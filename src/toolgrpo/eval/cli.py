@@ -17,7 +17,9 @@ from toolgrpo.data.loader import load_tasks
 from toolgrpo.distributed.fsdp import resolve_device
 from toolgrpo.eval.evaluate import check_scorable, evaluate, val_sampling_params
 from toolgrpo.eval.multi_turn import plays_episodes, run_episode_eval
+from toolgrpo.models.identity import BASE_KEY, base_identity, check_base
 from toolgrpo.models.loading import load_policy
+from toolgrpo.models.registry import resolve_model
 from toolgrpo.rewards.scoring import check_task
 from toolgrpo.rewards.types import RllaFlags
 from toolgrpo.rollout.hf import HFGenerator
@@ -31,12 +33,25 @@ def apply_checkpoint(cfg: TrainConfig, checkpoint: str) -> str:
     if (p / "model" / "config.json").is_file():
         m.path, m.adapter_path, m.lora_rank = str(p / "model"), "", 0
     elif (p / "adapter" / "adapter_config.json").is_file():
+        check_adapter_base(p, m.path)  # an adapter on another base of one shape loads silently
         m.adapter_path = str(p / "adapter")
     elif (p / "config.json").is_file() or (p / "adapter_config.json").is_file():
         m.path, m.adapter_path, m.lora_rank = str(p), "", 0
     else:
         raise FileNotFoundError(f"{p} is neither a checkpoint nor a model directory")
     return str(p)
+
+
+def check_adapter_base(ckpt: Path, model_path: str) -> None:
+    """Refuse an adapter-only checkpoint on a base model other than its own (one line naming
+    both); one from before the record is used with a warning."""
+    try:
+        state = json.loads((ckpt / "trainer_state.json").read_text())
+    except (OSError, ValueError, RecursionError):
+        state = None
+    recorded = state.get(BASE_KEY) if isinstance(state, dict) else None
+    current = base_identity(model_path, resolve_model(model_path).hf_dir)
+    check_base(ckpt, recorded, current, "actor_rollout_ref.model.path")
 
 
 def run_eval(*args: Any, **kwargs: Any) -> int:

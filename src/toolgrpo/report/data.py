@@ -10,6 +10,7 @@ from typing import Any
 import yaml
 
 from toolgrpo.errors import UserError
+from toolgrpo.trainer.run_dir import read_records
 
 DEFAULT_DUMP_DIR = "rollout_data"  # looked for inside the run when the config names none
 
@@ -35,7 +36,7 @@ def _jsonl(path: Path) -> tuple[list[dict[str, Any]], int]:
             continue
         try:
             rec = json.loads(line)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             bad += 1  # a torn last line of a killed run
             continue
         if isinstance(rec, dict):
@@ -69,8 +70,9 @@ def load_run(run_dir: str | Path, rollout_data_dir: str | None = None) -> RunDat
     data = RunData(run)
     if (run / "config.yaml").is_file():
         data.config_text = (run / "config.yaml").read_text(errors="replace")
-    if (run / "metrics.jsonl").is_file():
-        data.metrics, data.skipped_lines = _jsonl(run / "metrics.jsonl")
+    if (run / "metrics.jsonl").is_file():  # a line that is no step's record is skipped
+        data.metrics, bad = read_records(run / "metrics.jsonl")
+        data.skipped_lines = len(bad)
     data.dump_dir = find_dump_dir(run, data.config_text, rollout_data_dir)
     if data.dump_dir is not None and data.dump_dir.is_dir():
         for f in sorted(data.dump_dir.glob("*.jsonl")):

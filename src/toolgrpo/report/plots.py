@@ -56,6 +56,12 @@ def series(metrics: list[dict[str, Any]], key: str) -> tuple[list[float], list[f
     return xs, ys
 
 
+def _num(v: Any) -> float:
+    """A logged value as a number: null, NaN or an edited non-number counts as 0."""
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    return float(v) if ok else 0.0
+
+
 def _svg(fig: Any) -> str:
     buf = io.StringIO()
     fig.savefig(buf, format="svg", bbox_inches="tight")
@@ -81,7 +87,7 @@ def metric_svgs(metrics: list[dict[str, Any]]) -> list[tuple[str, list[str], str
         fig, ax = plt.subplots(figsize=(5.2, 2.8))
         if stacked:
             steps = [float(r["step"]) for r in metrics if all(k in r for k in keys)]
-            ys = [[float(r[k] or 0.0) for r in metrics if all(k in r for k in keys)] for k in keys]
+            ys = [[_num(r[k]) for r in metrics if all(k in r for k in keys)] for k in keys]
             if steps:
                 ax.stackplot(steps, *ys, labels=keys)
         else:

@@ -9,6 +9,7 @@ serves every episode turn as its own request (``vllm_async``).
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 from typing import Any
 
@@ -95,10 +96,67 @@ def _announce(name: str, why: str) -> None:
         print(f"toolgrpo: {line}", file=sys.stderr, flush=True)
 
 
+# Where HF configs keep the context length (the keys vLLM reads), and rope types whose factor
+# does not stretch it (vLLM's own exceptions).
+_CONTEXT_KEYS = (
+    "max_position_embeddings",
+    "n_positions",
+    "max_seq_len",
+    "seq_length",
+    "max_sequence_length",
+    "max_seq_length",
+    "seq_len",
+)
+_UNSCALED_ROPE = ("su", "longrope", "llama3")
+
+
+def model_context(model_config: Any) -> int | None:
+    """The longest sequence the model's config allows, as vLLM derives it (rope scaling
+    included); ``None`` when the config does not say."""
+    get_text = getattr(model_config, "get_text_config", None)
+    c = get_text() if callable(get_text) else model_config
+    found = [int(v) for k in _CONTEXT_KEYS if isinstance(v := getattr(c, k, None), int) and v > 0]
+    if not found:
+        return None
+    limit = min(found)
+    rope = getattr(c, "rope_scaling", None)
+    if isinstance(rope, dict) and rope.get("rope_type", rope.get("type")) not in _UNSCALED_ROPE:
+        if rope.get("rope_type", rope.get("type")) == "yarn":
+            limit = int(rope.get("original_max_position_embeddings", limit))
+        limit = int(limit * float(rope.get("factor", 1.0)))
+    return limit
+
+
+def check_context(cfg: TrainConfig, model_config: Any) -> None:
+    """Refuse, before an engine starts, a vLLM max_model_len over the model's context: vLLM
+    refuses it itself with a pydantic ValidationError traceback (``VLLM_ALLOW_LONG_MAX_MODEL_LEN``
+    lets it through, as it does vLLM's check)."""
+    r, d = cfg.actor_rollout_ref.rollout, cfg.data
+    limit = model_context(model_config) if model_config is not None else None
+    if limit is None or os.environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN"):
+        return
+    need = r.max_model_len if r.max_model_len > 0 else d.max_prompt_length + d.max_response_length
+    if need <= limit:
+        return
+    what = (
+        f"actor_rollout_ref.rollout.max_model_len={need}"
+        if r.max_model_len > 0
+        else f"data.max_prompt_length + data.max_response_length = {d.max_prompt_length} + "
+        f"{d.max_response_length} = {need}"
+    )
+    raise ConfigError(
+        f"{what} exceeds the model's context of {limit} tokens (its config.json), which vLLM "
+        "refuses: lower it, or use actor_rollout_ref.rollout.name=hf"
+    )
+
+
 def make_generator(cfg: TrainConfig, policy: Any) -> Generator:
     """The actor's rollout generator for ``cfg``; a vLLM one starts on ``policy``'s weights."""
     r = cfg.actor_rollout_ref.rollout
-    name, why = backend_choice(cfg, getattr(getattr(policy, "base", None), "config", None))
+    model_config = getattr(getattr(policy, "base", None), "config", None)
+    name, why = backend_choice(cfg, model_config)
+    if name == "vllm":
+        check_context(cfg, model_config)  # one line, before the engine's traceback
     _announce(name, why)
     if r.mode == "async":
         if name != "vllm":

@@ -15,6 +15,7 @@ import torch
 from toolgrpo.config.loader import to_yaml
 from toolgrpo.config.schema import as_dict
 from toolgrpo.config.validate import validate_sft_config
+from toolgrpo.models.identity import BASE_KEY, base_identity, check_base
 from toolgrpo.models.loading import (
     load_policy,
     load_tokenizer,
@@ -31,6 +32,7 @@ from toolgrpo.trainer.checkpoint import load_torch, read_state, save_torch, writ
 from toolgrpo.trainer.config_diff import check_resume_config, load_optimizer
 from toolgrpo.trainer.optim import clip_grad_norm, lr_factor
 from toolgrpo.trainer.resume import announce, pick_checkpoint, prepare_output_dir
+from toolgrpo.trainer.run_dir import write_text
 from toolgrpo.trainer.sampler import TaskSampler
 from toolgrpo.trainer.state import apply_weights, check_lora, read_weights
 from toolgrpo.trainer.tracking import Tracker
@@ -71,7 +73,10 @@ class SFTTrainer:
             torch.set_num_threads(t.num_threads)
         torch.manual_seed(t.seed)
         self.out = Path(t.output_dir)
-        prepare_output_dir(self.out, t.resume, t.overwrite_output_dir, as_dict(cfg))
+        # resolved once, and held by this process while the trainer lives (trainer/run_lock.py)
+        self.out, self.run_lock = prepare_output_dir(
+            self.out, t.resume, t.overwrite_output_dir, as_dict(cfg)
+        )
         self.policy = load_policy(cfg.model, trainable=True)
         self.sampler = TaskSampler(
             len(self.examples), min(d.train_batch_size, len(self.examples)), d.seed, d.shuffle
@@ -96,7 +101,7 @@ class SFTTrainer:
             self._load(*found)
 
     def fit(self) -> dict[str, Any]:
-        (self.out / "config.yaml").write_text(to_yaml(self.cfg))
+        write_text(self.out / "config.yaml", to_yaml(self.cfg))
         tracker = Tracker(self.out, self.cfg.trainer.logger, self.total_steps, self.step)
         last: dict[str, float] = {}
         try:
@@ -157,10 +162,14 @@ class SFTTrainer:
             "sampler": self.sampler.state_dict(),
             "is_lora": self.policy.is_lora,
             "config": as_dict(self.cfg),
+            BASE_KEY: self._base(),
         }
         return write_checkpoint(
             self.out, self.step, state, self._payload, keep=self.cfg.trainer.max_checkpoints
         )
+
+    def _base(self) -> dict[str, str]:
+        return base_identity(self.cfg.model.path, self.policy.resolved.hf_dir)
 
     def _read(self, ckpt: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor], Any]:
         """Every file, checked before anything is applied (a corrupt one falls back)."""
@@ -174,6 +183,7 @@ class SFTTrainer:
     def _load(self, ckpt: Path, saved: tuple[dict[str, Any], dict[str, Any], Any]) -> None:
         state, weights, opt = saved
         step = int(state["global_step"])
+        check_base(ckpt, state.get(BASE_KEY), self._base(), "model.path")
         changes = check_resume_config(ckpt, state.get("config"), as_dict(self.cfg), step)
         check_lora(ckpt, state["is_lora"], self.policy)
         apply_weights(self.policy, weights, ckpt)
@@ -198,7 +208,7 @@ class SFTTrainer:
             "final_loss": last.get("train/loss"),
             "base_model": self.cfg.model.path,
         }
-        (self.out / "sft_result.json").write_text(json.dumps(result, indent=1))
+        write_text(self.out / "sft_result.json", json.dumps(result, indent=1))
         return result
 
 

@@ -28,9 +28,11 @@ class Batch:
     advantages_BR: torch.Tensor | None = None
     returns_BR: torch.Tensor | None = None
     is_weights_BR: torch.Tensor | None = None  # detached per-token IS multipliers (TIS)
+    shaping_BR: torch.Tensor | None = None  # 1: token trained by policy shaping (mixture)
     uids: list[str] = field(default_factory=list)
     task_types: list[str] = field(default_factory=list)
     is_negative: list[bool] = field(default_factory=list)  # rolled-back attempts (rollback.py)
+    truncated: list[bool] = field(default_factory=list)  # cut-off episodes (mask_truncated)
     policies: list[str] = field(default_factory=list)  # who sampled each row; empty = actor
     # whose log-probs old_logprobs_BR holds (trainer/rollout_correction.py): "trainer" (a pass
     # before the update), "rollout" (the sampler's), "update" (None: the update's own pass)

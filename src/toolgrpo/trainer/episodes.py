@@ -55,6 +55,8 @@ def episode_limits(cfg: TrainConfig) -> EpisodeLimits:
         max_tool_response_length=mt.max_tool_response_length,
         tool_response_truncate_side=mt.tool_response_truncate_side,
         error_reward=mt.error_reward,
+        env_call_timeout_s=mt.env_call_timeout_s,
+        env_episode_timeout_s=mt.env_episode_timeout_s,
     )
 
 
@@ -71,14 +73,23 @@ class EpisodeRunner:
 
     def check(self, tasks: Sequence[Task]) -> None:
         """At startup: an environment for every task type, and one that can snapshot its state
-        for every type that runs tools when rollback is on; when negatives are kept, a
+        for every type that runs tools when rollback retries; when negatives are kept, a
         ``negative_reward`` no higher than any environment's lowest reward."""
         self.router.check({t.task_type for t in tasks})
-        if self.rollback is not None:
+        rb = self.rollback
+        if rb is None:
+            return
+        if rb.mode == "retry":
             check_snapshot_support(self.router, tasks)
-            rb = self.rollback
-            if rb.save_negatives and rb.max_negatives_per_group > 0:
-                check_negative_reward(self.router, tasks, rb.negative_reward)
+        if rb.keeps_negatives:
+            check_negative_reward(self.router, tasks, rb.negative_reward)
+        if not rb.save_negatives:
+            log.warning(
+                "tool rollback with save_negative_samples=false erases every retried failure: "
+                "the failing calls are never trained against, and reward/* sees only repairs "
+                "(docs/multi_turn.md, 'Tool-call rollback'); reward/first_try_mean and "
+                "rollback/erased show what is hidden"
+            )
 
     def play(
         self,
@@ -138,7 +149,8 @@ class EpisodeRunner:
 
     def to_batch(self, episodes: Sequence[Episode]) -> tuple[Batch, int]:
         """The training batch, with non-finite rewards handled per ``reward.nan_policy``; the
-        episodes' negative samples (if kept) follow as extra rows scored ``negative_reward``."""
+        episodes' negative samples (if kept) follow as extra rows scored ``negative_reward``.
+        ``batch.truncated`` marks the truncated episodes' rows (``mask_truncated_rows``)."""
         bad = 0
         for e in episodes:
             if not math.isfinite(e.reward):
@@ -152,7 +164,22 @@ class EpisodeRunner:
         if self.rollback is not None:
             scores += [self.rollback.negative_reward] * (batch.size - len(episodes))
         batch.scores_B = torch.tensor(scores, dtype=torch.float32)
+        batch.truncated = [e.truncated for e in episodes] + [False] * (batch.size - len(episodes))
         return batch, bad
+
+
+def mask_truncated_rows(batch: Batch) -> torch.Tensor | None:
+    """DAPO's overlong filtering (``multi_turn.mask_truncated``), for the update only: the rows
+    of truncated episodes get a zero response mask, after their scores have set their groups'
+    baselines (``compute_advantages``), so they stay in the baseline and train no token. Returns
+    the full mask to put back after the update (what the step's metrics describe), or None."""
+    rows = [i for i, t in enumerate(batch.truncated) if t]
+    if not rows:
+        return None
+    full = batch.response_mask_BR
+    batch.response_mask_BR = full.clone()
+    batch.response_mask_BR[rows] = 0.0
+    return full
 
 
 def trainable_indices(episodes: Sequence[Episode], grouped: bool) -> list[int]:

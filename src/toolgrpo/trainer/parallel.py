@@ -15,6 +15,7 @@ from toolgrpo.config.loader import to_yaml
 from toolgrpo.distributed.fsdp import Ranks, gather_into
 from toolgrpo.models.loading import Policy
 from toolgrpo.rollout.backends import sync_weights
+from toolgrpo.trainer.run_dir import write_text
 from toolgrpo.trainer.tracking import Tracker
 
 if TYPE_CHECKING:
@@ -48,7 +49,7 @@ def open_tracker(trainer: Trainer) -> Tracker | NullTracker:
     """Rank 0 writes the run's config and metrics; other ranks get a tracker that drops them."""
     if not trainer.ranks.main:
         return NullTracker()
-    (trainer.out / "config.yaml").write_text(to_yaml(trainer.cfg))
+    write_text(trainer.out / "config.yaml", to_yaml(trainer.cfg))  # never through a link
     return Tracker.for_run(trainer.cfg, trainer.out, trainer.total_steps, trainer.step)
 
 

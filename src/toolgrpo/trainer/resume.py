@@ -16,6 +16,8 @@ from toolgrpo.config.loader import ConfigError
 from toolgrpo.models.safe_load import CheckpointError, CorruptCheckpoint
 from toolgrpo.trainer.checkpoint import STATE_FILE, STEP_DIR, checkpoint_root
 from toolgrpo.trainer.config_diff import Change, config_changes
+from toolgrpo.trainer.run_dir import refuse_links, resolve_output_dir
+from toolgrpo.trainer.run_lock import RunLock, lock_run_dir
 
 T = TypeVar("T")
 RUN_FILES = ("metrics.jsonl", "sft_result.json")  # written only by a run that took steps
@@ -67,12 +69,19 @@ def _saved_yaml(out: Path) -> dict[str, Any] | None:
     return saved if isinstance(saved, dict) else None
 
 
-def prepare_output_dir(out: Path, resume: str, overwrite: bool, current: dict[str, Any]) -> None:
-    """Refuse to write over another run unless ``overwrite`` (then move it aside). With
-    ``resume=auto`` and no checkpoint, a run with the same config restarts from step 0."""
+def prepare_output_dir(
+    out: Path, resume: str, overwrite: bool, current: dict[str, Any]
+) -> tuple[Path, RunLock]:
+    """The run's real directory, held by this process (``run_lock``): refuse to write over
+    another run unless ``overwrite`` (then move it aside). With ``resume=auto`` and no
+    checkpoint, a run with the same config restarts from step 0. ``out`` is resolved here,
+    once: a symlinked directory is the directory it names, and links inside it are refused."""
     explicit = resume not in ("auto", "disable")
     if explicit and not (Path(resume) / STATE_FILE).is_file():
         raise FileNotFoundError(f"trainer.resume={resume!r} is not a checkpoint directory")
+    out = resolve_output_dir(out)
+    refuse_links(out)
+    lock = lock_run_dir(out)  # before anything is read or moved: another writer is refused
     held = earlier_run(out)
     if held and overwrite:
         if explicit and _inside(Path(resume), out):
@@ -81,6 +90,8 @@ def prepare_output_dir(out: Path, resume: str, overwrite: bool, current: dict[st
                 "inside it cannot be used: point trainer.resume at the moved copy, or drop one"
             )
         dest = move_aside(out)
+        lock.release()  # the moved run's lock file went with it: hold the new directory
+        lock = lock_run_dir(out)
         notice(f"trainer.overwrite_output_dir: moved the earlier run in {out} aside to {dest}")
     elif held and (resume == "disable" or (explicit and not _inside(Path(resume), out))):
         raise ConfigError(
@@ -99,6 +110,7 @@ def prepare_output_dir(out: Path, resume: str, overwrite: bool, current: dict[st
             )
         notice(f"{out} holds a run with this config but no checkpoint: starting it over at step 0")
     out.mkdir(parents=True, exist_ok=True)
+    return out, lock
 
 
 def _step_dirs(out: Path) -> list[tuple[int, Path]]:

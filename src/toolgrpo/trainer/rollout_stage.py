@@ -106,6 +106,11 @@ class RolloutStage:
         metrics = episode_metrics(items)
         metrics["rollout/dropped_episodes"] = float(len(items) - len(keep))
         metrics["train/skipped_update"] = float(batch is None)
+        # Truncated episodes among those trained; with mask_truncated, the rows that train nothing.
+        truncated = sum(e.truncated for e in kept)
+        metrics["rollout/truncated_frac"] = truncated / len(kept) if kept else 0.0
+        masking = self.cfg.actor_rollout_ref.rollout.multi_turn.mask_truncated
+        metrics["rollout/truncated_masked"] = float(truncated if masking else 0)
         if self.router is not None:  # failed episodes stand at their group's mean
             metrics.update(self.router.observe(items, stand_in_rewards(items)))
             if batch is not None:  # kept episodes' rows, then their negatives (no rollout)
@@ -153,6 +158,8 @@ class RolloutStage:
                 items += got
                 policies += [p.policy] * len(got)
                 self._routes += plan.routes if plan is not None else [None] * len(got)
+        if self.mixture is not None:  # mixed groups: fixed samples join their task's actor group
+            items = self.mixture.join_groups(parts, items)
         return items, policies
 
     def _rollout_parts(

@@ -3,9 +3,9 @@
 Layout of ``checkpoints/global_step_N``: ``model/`` (safetensors ``from_pretrained`` loads; LoRA
 merged), ``adapter/`` (LoRA runs), ``optimizer.pt`` (optimizer, scheduler, value head, KL
 controller), ``router.pt`` (router head, budget state and the threshold τ the last validation
-calibrated, with ``router.enable``), ``trainer_state.json`` (step, sampler position, config) —
-written last. The ``.pt`` files hold tensors and plain containers only and are read
-weights-only: loading one never runs code.
+calibrated, with ``router.enable``), ``trainer_state.json`` (step, sampler position, config,
+the base model's identity) — written last. The ``.pt`` files hold tensors and plain containers
+only and are read weights-only: loading one never runs code.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from safetensors.torch import load_file
 from toolgrpo.config.loader import ConfigError
 from toolgrpo.config.schema import as_dict
 from toolgrpo.distributed.fsdp import FsdpOptimizerView, full_optimizer_state, load_full_into
+from toolgrpo.models.identity import BASE_KEY, base_identity, check_base
 from toolgrpo.models.loading import Policy, save_hf_model
 from toolgrpo.models.safe_load import CorruptCheckpoint
 from toolgrpo.router.calibrate import THRESHOLD_KEY, Threshold
@@ -74,10 +75,20 @@ def save(trainer: Trainer, step: int) -> Path | None:
         "sampler": trainer.sampler.state_dict(),
         "is_lora": policy.is_lora,
         "config": as_dict(trainer.cfg),
+        BASE_KEY: current_base(trainer),  # eval, infer and resume refuse another base
     }
     return write_checkpoint(
         trainer.out, step, state, payload, keep=trainer.cfg.trainer.max_checkpoints
     )
+
+
+MODEL_KEY = "actor_rollout_ref.model.path"
+
+
+def current_base(trainer: Trainer) -> dict[str, str]:
+    """The identity of the base model this run trains (``models/identity.py``)."""
+    path = trainer.cfg.actor_rollout_ref.model.path
+    return base_identity(path, trainer.policy.resolved.hf_dir)
 
 
 @dataclass
@@ -140,7 +151,8 @@ def read(ckpt: Path) -> Saved:
     opt = load_torch(ckpt / "optimizer.pt")
     if not isinstance(opt, dict) or not {"optimizer", "scheduler"} <= opt.keys():
         raise CorruptCheckpoint(f"{ckpt / 'optimizer.pt'} lacks the optimizer or scheduler")
-    had_router = (state.get("config") or {}).get("router", {}).get("enable", False)
+    router_cfg = (state.get("config") or {}).get("router")
+    had_router = isinstance(router_cfg, dict) and bool(router_cfg.get("enable", False))
     router = load_torch(ckpt / ROUTER_FILE) if had_router or (ckpt / ROUTER_FILE).exists() else None
     return Saved(state, weights, opt, router)
 
@@ -163,6 +175,7 @@ def resume(trainer: Trainer) -> int:
         return 0
     ckpt, saved = found
     step = int(saved.state["global_step"])
+    check_base(ckpt, saved.state.get(BASE_KEY), current_base(trainer), MODEL_KEY)
     changes = check_resume_config(ckpt, saved.state.get("config"), as_dict(trainer.cfg), step)
     apply(trainer, ckpt, saved)
     announce(ckpt, step, changes)

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import shlex
 from pathlib import Path
 from typing import Any
+
+from toolgrpo.trainer.run_dir import read_records
 
 HELD_OUT_KEYS = ("val/all/accuracy", "val/all/reward_mean", "val/reward/mean")
 
@@ -21,14 +22,8 @@ def best_held_out(metrics: list[dict[str, Any]]) -> tuple[str, float, int] | Non
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
-    rows = []
-    if path.is_file():
-        for line in path.read_text(errors="replace").splitlines():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue  # a torn line
-    return rows
+    """The step records of ``metrics.jsonl``; torn or edited lines (``[1, 2]``) are skipped."""
+    return read_records(path)[0]
 
 
 def summary_lines(out: Path, history: list[dict[str, Any]], trainer_cfg: Any) -> list[str]:

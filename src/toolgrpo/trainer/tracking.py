@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from toolgrpo import progress as phases
+from toolgrpo.trainer.run_dir import REJECTED_SUFFIX, append_line, truncate_metrics
 from toolgrpo.trainer.trackers import EXTRA_BACKENDS, extra_backends
 
 CONSOLE_KEYS = (
@@ -52,18 +54,17 @@ def console_line(metrics: dict[str, Any], step: int) -> str:
 
 
 def truncate_jsonl(path: Path, last_step: int) -> None:
-    """Keep only records with ``step <= last_step`` (and drop a torn last line)."""
-    if not path.is_file():
-        return
-    kept = []
-    for line in path.read_text().splitlines():
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if rec.get("step", 0) <= last_step:
-            kept.append(line)
-    path.write_text("".join(k + "\n" for k in kept))
+    """Keep only records with ``step <= last_step``; a line that is no step's record (torn by a
+    kill, or edited: ``[1, 2]``) is set aside in ``metrics.jsonl.rejected``, and said so."""
+    bad = truncate_metrics(path, last_step)
+    if bad:
+        n, _, why = bad[0]
+        print(
+            f"toolgrpo: set aside {len(bad)} line(s) of {path} that are no step's record "
+            f"(line {n}: {why}) in {path.name}{REJECTED_SUFFIX}",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def _clean(v: Any) -> Any:
@@ -132,9 +133,7 @@ class Tracker:
     def log(self, metrics: dict[str, Any], step: int) -> None:
         record = {"step": step, **{k: _clean(v) for k, v in metrics.items()}}
         if self.jsonl is not None:
-            with self.jsonl.open("a") as fh:
-                fh.write(json.dumps(record) + "\n")
-                fh.flush()
+            append_line(self.jsonl, json.dumps(record))  # never through a link
         if self.tb is not None:
             for k, v in metrics.items():
                 if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):

@@ -45,13 +45,14 @@ from toolgrpo.trainer import rollout_correction
 from toolgrpo.trainer import state as ckpt_state
 from toolgrpo.trainer.actor import Actor
 from toolgrpo.trainer.batch import Batch
-from toolgrpo.trainer.episodes import EpisodeRunner, make_router
+from toolgrpo.trainer.episodes import EpisodeRunner, make_router, mask_truncated_rows
 from toolgrpo.trainer.metrics import NoSignalWatch, batch_metrics, negative_metrics
 from toolgrpo.trainer.parallel import actor_policy, open_tracker, push_weights
 from toolgrpo.trainer.replay import AsyncRollout
 from toolgrpo.trainer.resume import prepare_output_dir
 from toolgrpo.trainer.rollout_dump import make_dumper
 from toolgrpo.trainer.rollout_stage import Rolled, RolloutStage
+from toolgrpo.trainer.run_lock import RunLock
 from toolgrpo.trainer.sampler import TaskSampler
 from toolgrpo.trainer.summary import summary_lines
 from toolgrpo.trainer.validation import validate
@@ -77,9 +78,11 @@ class Trainer(RolloutStage):
             torch.set_num_threads(cfg.trainer.num_threads)
         torch.manual_seed(cfg.trainer.seed)
         self.out = Path(cfg.trainer.output_dir)
-        # Before the model loads: an earlier run here is resumed, refused, or moved aside.
+        self.run_lock: RunLock | None = None
+        # Before the model loads: an earlier run here is resumed, refused, or moved aside; the
+        # directory is resolved once and held (trainer/run_lock.py) until close().
         if self.ranks.main:
-            prepare_output_dir(
+            self.out, self.run_lock = prepare_output_dir(
                 self.out, cfg.trainer.resume, cfg.trainer.overwrite_output_dir, as_dict(cfg)
             )
         self.policy = load_policy(cfg.actor_rollout_ref.model, device=self.ranks.device)
@@ -231,6 +234,9 @@ class Trainer(RolloutStage):
 
         t0 = time.time()
         router_metrics = self.router.update() if self.router is not None else {}
+        # multi_turn.mask_truncated: truncated episodes train no token (their scores are in)
+        mask_truncated = self.cfg.actor_rollout_ref.rollout.multi_turn.mask_truncated
+        full_mask = mask_truncated_rows(batch) if lm and mask_truncated else None
         if not lm:
             actor_metrics = {}
         elif producer is None:
@@ -242,6 +248,8 @@ class Trainer(RolloutStage):
             with producer.lock:  # the rollout thread copies weights only between updates
                 actor_metrics = self.actor.update(batch)
             producer.updated()
+        if full_mask is not None:  # the step's metrics describe what was sampled
+            batch.response_mask_BR = full_mask
         timing["timing/train_s"] = time.time() - t0
         timing["timing/step_s"] = time.time() - t_step
         extra = {**extra, **kl_metrics, **actor_metrics, **router_metrics}
@@ -369,6 +377,8 @@ class Trainer(RolloutStage):
 
         shutdown_shared_pool()  # isolated tools' worker processes (also done at exit)
         self.ranks.close()  # the fsdp2 process group
+        if getattr(self, "run_lock", None) is not None:
+            self.run_lock.release()  # another process may write trainer.output_dir now
 
     # ---- checkpoints ---------------------------------------------------------------------------
     def save_checkpoint(self) -> Path | None:

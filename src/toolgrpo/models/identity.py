@@ -1,0 +1,78 @@
+"""Which base model a checkpoint belongs to: a LoRA adapter (or a full model's trained weights
+resumed onto a base) means nothing on another base of the same shape, and would load silently.
+
+Every checkpoint records its base's identity in ``trainer_state.json`` (``base_model``): the path
+and a hash of ``config.json``, the weights' index, each weight file's name and size, and three
+64 KiB samples of each (two bases of one architecture, e.g. base and instruct, share config and
+sizes). Reading well under a megabyte, it is cheap for any model size.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from pathlib import Path
+from typing import Any
+
+from toolgrpo.errors import UserError
+
+log = logging.getLogger(__name__)
+
+BASE_KEY = "base_model"  # in trainer_state.json
+_INDEXES = ("config.json", "model.safetensors.index.json", "pytorch_model.bin.index.json")
+_WEIGHTS = ("*.safetensors", "*.bin")
+_SAMPLE = 1 << 16
+
+
+class BaseModelMismatch(UserError):
+    """A checkpoint used with a base model other than the one it was trained on."""
+
+
+def model_hash(model_dir: Path) -> str:
+    """A short content hash of a model directory (see the module docstring)."""
+    h = hashlib.sha256()
+    for name in _INDEXES:
+        p = model_dir / name
+        if p.is_file():
+            h.update(f"{name}\0".encode() + p.read_bytes())
+    files = sorted({f for pattern in _WEIGHTS for f in model_dir.glob(pattern) if f.is_file()})
+    for f in files:
+        size = f.stat().st_size
+        h.update(f"{f.name}\0{size}\0".encode())
+        with f.open("rb") as fh:
+            for offset in sorted({0, size // 2, max(0, size - _SAMPLE)}):
+                fh.seek(offset)
+                h.update(fh.read(_SAMPLE))
+    return h.hexdigest()[:16]
+
+
+def base_identity(model_path: str, hf_dir: Path) -> dict[str, str]:
+    """What a checkpoint records of its base: the path as configured, the directory it
+    resolved to, and its hash."""
+    return {"path": str(model_path), "dir": str(hf_dir), "hash": model_hash(Path(hf_dir))}
+
+
+def check_base(ckpt: Path, recorded: Any, current: dict[str, str], key: str) -> None:
+    """Refuse (one line naming both) a checkpoint whose recorded base differs from ``current``;
+    a checkpoint from before the record is used with a warning."""
+    if not isinstance(recorded, dict) or not recorded.get("hash"):
+        log.warning(
+            "%s does not record its base model (written by an older toolgrpo): cannot check "
+            "that it belongs to %s",
+            ckpt,
+            current["path"],
+        )
+        return
+    if recorded["hash"] == current["hash"]:
+        return
+    old = recorded.get("path") or recorded.get("dir") or "?"
+    if recorded.get("dir") == current["dir"]:
+        raise BaseModelMismatch(
+            f"{ckpt} was trained on the model at {current['dir']}, which has changed since "
+            f"(hash {recorded['hash']} then, {current['hash']} now): restore that model, or "
+            "start a new run"
+        )
+    raise BaseModelMismatch(
+        f"{ckpt} was trained on base model {old} (hash {recorded['hash']}), not on {key}="
+        f"{current['path']} (hash {current['hash']}): set {key}={old}"
+    )
