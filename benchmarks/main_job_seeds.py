@@ -23,7 +23,6 @@ import argparse
 import json
 import math
 import os
-import subprocess
 import sys
 from pathlib import Path
 from statistics import fmean, stdev
@@ -31,21 +30,14 @@ from statistics import fmean, stdev
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cli_runs import toolgrpo  # noqa: E402
+
 from toolgrpo.eval.paired import load_outcomes, load_single_turn, paired, paired_values  # noqa: E402
 
 CONFIG = ROOT / "configs" / "agent_smollm2_grpo.yaml"
 RLLA_CONFIG = ROOT / "configs" / "grpo_smollm2_rlla.yaml"
 STEPS = 16
-
-
-def toolgrpo(*args: str, log: Path) -> None:
-    """Run the CLI (same interpreter), its output appended to ``log``; stop on failure."""
-    cmd = [sys.executable, "-m", "toolgrpo.cli", *args]
-    print("$", " ".join(cmd), flush=True)
-    with log.open("a") as fh:
-        rc = subprocess.run(cmd, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT).returncode
-    if rc != 0:
-        raise SystemExit(f"failed (rc {rc}): {' '.join(args)}; see {log}")
 
 
 def final_checkpoint(run: Path) -> Path | None:

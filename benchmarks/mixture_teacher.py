@@ -38,7 +38,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import subprocess
 import sys
 from pathlib import Path
 from statistics import fmean, stdev
@@ -48,6 +47,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from cli_runs import toolgrpo  # noqa: E402
 from main_job_seeds import machine  # noqa: E402
 
 from toolgrpo.eval.episodes import success_threshold  # noqa: E402
@@ -222,13 +222,6 @@ def summarize(work: Path, seeds: list[int]) -> dict[str, Any]:
 
 
 # ---- running (subprocesses of the CLI; everything above is pure) ---------------------------------
-def toolgrpo(*args: str, log: Path) -> None:
-    cmd = [sys.executable, "-m", "toolgrpo.cli", *args]
-    print("$", " ".join(cmd), flush=True)
-    with log.open("a") as fh:
-        rc = subprocess.run(cmd, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT).returncode
-    if rc != 0:
-        raise SystemExit(f"failed (rc {rc}): {' '.join(args)}; see {log}")
 
 
 def train(work: Path, arm: str, seed: int, steps: int, log: Path) -> Path:

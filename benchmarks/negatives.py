@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import subprocess
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -35,6 +34,9 @@ from typing import Any, NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cli_runs import toolgrpo  # noqa: E402
 
 from toolgrpo.eval.paired import load_outcomes, paired_values  # noqa: E402
 
@@ -62,16 +64,6 @@ TRAINING_KEYS = (
     "batch/size",
 )
 STEPS = 16  # the config's total_training_steps
-
-
-def toolgrpo(*args: str, log: Path) -> None:
-    """Run the CLI (same interpreter), its output appended to ``log``; stop on failure."""
-    cmd = [sys.executable, "-m", "toolgrpo.cli", *args]
-    print("$", " ".join(cmd), flush=True)
-    with log.open("a") as fh:
-        rc = subprocess.run(cmd, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT).returncode
-    if rc != 0:
-        raise SystemExit(f"failed (rc {rc}): {' '.join(args)}; see {log}")
 
 
 def run_dir(work: Path, arm: str, seed: int) -> Path:

@@ -120,11 +120,11 @@ def budgeted(budget: float) -> list[str]:
     return DUAL if budget < UNCONSTRAINED else BONUS
 
 
-def write_val(path: Path, per_type: int) -> Path:
+def write_val(path: Path, per_type: int, types: tuple[str, ...] = TASK_TYPES) -> Path:
     """Held-out tasks: the first ``per_type`` test tasks of each type, in one file (the
     trainer's ``val_max_samples`` would take them from the first type only)."""
     lines = []
-    for t in TASK_TYPES:
+    for t in types:
         rows = (DATA / f"{t}_test.jsonl").read_text(encoding="utf-8").splitlines()
         lines += [r for r in rows if r.strip()][:per_type]
     path.parent.mkdir(parents=True, exist_ok=True)

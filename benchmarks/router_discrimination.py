@@ -43,7 +43,6 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 TYPES = ("calculator", "search", "direct", "arith_mixed")
-DATA = ROOT / "src" / "toolgrpo" / "data" / "envs"
 MT = "actor_rollout_ref.rollout.multi_turn."
 MIX = [
     f"data.train_files=[{','.join(f'{t}:train' for t in TYPES)}]",
@@ -129,15 +128,11 @@ def discrimination(rows: list[dict[str, Any]], need: list[bool]) -> dict[str, An
 def held_out(path: Path, per_type: int) -> list[Any]:
     """The first ``per_type`` test tasks of each type, written to ``path`` (the runs' val
     file) and loaded from it."""
+    from router_budget import write_val
+
     from toolgrpo.data.loader import load_tasks
 
-    lines = []
-    for t in TYPES:
-        rows = (DATA / f"{t}_test.jsonl").read_text(encoding="utf-8").splitlines()
-        lines += [r for r in rows if r.strip()][:per_type]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return load_tasks([str(path)], "error").tasks
+    return load_tasks([str(write_val(path, per_type, TYPES))], "error").tasks
 
 
 def probe(cfg_overrides: list[str], tasks: list[Any], checkpoint: str | None) -> dict[str, Any]:
