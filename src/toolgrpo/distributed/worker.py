@@ -60,10 +60,14 @@ def seed_everything(seed: int) -> None:
 class RolloutWorker:
     def __init__(self, cfg: TrainConfig, index: int) -> None:
         # Imported here: the trainer imports this module, and a worker needs the heavy parts only.
+        from toolgrpo.envs.plugins import load_plugins
         from toolgrpo.models.loading import load_policy
         from toolgrpo.trainer.episodes import EpisodeRunner, make_router
 
         t0 = time.perf_counter()
+        # A fresh process: the users' env modules the trainer imported (trainer.imports, made
+        # absolute there, and installed entry points) register their types here too.
+        load_plugins(cfg.trainer.imports)
         self.cfg = cfg
         self.index = index
         threads = max(1, int(cfg.trainer.distributed.num_cpus_per_worker))

@@ -6,9 +6,11 @@ Config (``actor_rollout_ref.rollout.multi_turn.envs``), one entry per task type:
     search:     {max_turns: 4, top_k: 3}
     my_remote:  {type: remote, url: "ws://127.0.0.1:8900", max_turns: 6}
 
-``type`` defaults to the task type's own name; every other key except ``max_turns`` is passed to
-the environment's factory as an option. A factory with a ``validate_options(options)``
-attribute has its options checked when the router is built (at startup, not per episode).
+``type`` defaults to the task type's own name (built in, or registered by a user's module via
+``--import``, ``trainer.imports`` or a ``toolgrpo.envs`` entry point: ``envs/plugins.py``); every
+other key except ``max_turns`` is passed to the environment's factory as an option. A factory
+with a ``validate_options(options)`` attribute has its options checked when the router is built
+(at startup, not per episode).
 """
 
 from __future__ import annotations
@@ -58,6 +60,10 @@ def env_types() -> list[str]:
 def get_env_factory(name: str) -> EnvFactory:
     if name not in _REGISTRY and name in _BUILTIN:
         importlib.import_module(_BUILTIN[name])
+    if name not in _REGISTRY:  # installed packages' entry points (toolgrpo.envs.plugins)
+        from toolgrpo.envs.plugins import load_entry_points
+
+        load_entry_points()
     if name not in _REGISTRY:
         raise EnvConfigError(f"unknown environment type {name!r}; known: {', '.join(env_types())}")
     return _REGISTRY[name]
@@ -102,6 +108,8 @@ class EnvRouter:
             self.specs[task_type] = EnvSpec(env_type, max_turns, opts)
 
     def spec(self, task_type: str) -> EnvSpec:
+        if task_type not in self.specs and task_type not in _BUILTIN:
+            self._adopt(task_type)
         if task_type not in self.specs:
             raise EnvConfigError(
                 f"no environment for task_type {task_type!r}; configure "
@@ -109,6 +117,20 @@ class EnvRouter:
                 f"{', '.join(sorted(self.specs))})"
             )
         return self.specs[task_type]
+
+    def _adopt(self, task_type: str) -> None:
+        """A user's env type (a plugin's ``@register_env``) plays its own task type unconfigured."""
+        if task_type not in _REGISTRY:
+            from toolgrpo.envs.plugins import load_entry_points
+
+            load_entry_points()
+        factory = _REGISTRY.get(task_type)
+        if factory is None:
+            return
+        validate = getattr(factory, "validate_options", None)
+        if validate is not None:
+            validate({})
+        self.specs[task_type] = EnvSpec(task_type, 4)
 
     def check(self, task_types: set[str]) -> None:
         """Raise for any task type without an environment (call once on the dataset)."""
