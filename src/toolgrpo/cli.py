@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import errno
 import json
-import logging
 import os
 import sys
 
@@ -36,13 +35,35 @@ def _split(args: list[str]) -> tuple[str | None, list[str]]:
     return cfg, overrides
 
 
+def _pop_imports(args: argparse.Namespace) -> list[str]:
+    """``--import MODULE`` given after the config (argparse leaves it in ``rest``) joins those
+    given before; ``rest`` keeps the other arguments."""
+    rest: list[str] = []
+    items = iter(args.rest)
+    for a in items:
+        if a == "--import":
+            module = next(items, None)
+            if module is None:
+                raise UsageError("--import needs a MODULE (a module name or a .py file)")
+            args.imports.append(module)
+        elif a.startswith("--import="):
+            args.imports.append(a.split("=", 1)[1])
+        else:
+            rest.append(a)
+    args.rest = rest
+    return args.imports
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from toolgrpo.config.loader import load_config
     from toolgrpo.config.schema import TrainConfig
+    from toolgrpo.envs.plugins import load_run_plugins
     from toolgrpo.trainer.trainer import Trainer
 
+    imports = _pop_imports(args)
     path, overrides = _split(args.rest)
     cfg = load_config(TrainConfig, path, overrides)
+    load_run_plugins(cfg, imports)  # users' env types, here and in Ray workers
     args.output_dir = cfg.trainer.output_dir  # named if interrupted
     trainer = Trainer(cfg)
     try:
@@ -59,6 +80,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_eval(args: argparse.Namespace) -> int:
     from toolgrpo.eval.cli import run_eval
 
+    imports = _pop_imports(args)
     path, overrides = _split(args.rest)
     return run_eval(
         path,
@@ -68,6 +90,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         args.limit,
         args.samples,
         args.rollout_data_dir,
+        imports=imports,
     )
 
 
@@ -87,6 +110,7 @@ def cmd_sft(args: argparse.Namespace) -> int:
 def cmd_infer(args: argparse.Namespace) -> int:
     from toolgrpo.infer import run_infer
 
+    imports = _pop_imports(args)
     if not args.rest:
         raise UsageError("toolgrpo infer needs a prompt (the last argument)")
     prompt = args.rest[-1]
@@ -106,6 +130,7 @@ def cmd_infer(args: argparse.Namespace) -> int:
         system=args.system,
         sample=args.sample,
         route=args.route,
+        imports=imports,
     )
     return 0
 
@@ -119,8 +144,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_serve_env(args: argparse.Namespace) -> int:
-    import importlib
-
+    from toolgrpo.envs.plugins import load_plugins
     from toolgrpo.envs.registry import EnvConfigError
     from toolgrpo.envs.server import TOKEN_ENV, parse_options, read_token, serve
 
@@ -133,8 +157,7 @@ def cmd_serve_env(args: argparse.Namespace) -> int:
         return 2
     try:
         token = read_token(args.token_file)
-        for module in args.imports:  # modules that register custom env types
-            importlib.import_module(module)
+        load_plugins(args.imports)  # entry points and modules that register custom env types
         serve(
             args.name,
             parse_options(args.option),
@@ -161,6 +184,7 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     text = f"GRPO/PPO training: {CONFIG_ARGS}"
     p = sub.add_parser("train", help=text, description=text)
+    add_import_arg(p)
     add_config_args(p, "train")
     p.set_defaults(func=cmd_train)
     text = "score a model or checkpoint on held-out tasks (default: the RLLA test split)"
@@ -172,6 +196,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--rollout-data-dir", default=None, help="write every episode to DIR/0.jsonl (report)"
     )
+    add_import_arg(p)
     add_config_args(p, "eval")
     p.set_defaults(func=cmd_eval)
     p = sub.add_parser("report", help="one self-contained HTML page of a run")
@@ -191,6 +216,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--system", default=None, help="an extra system message")
     p.add_argument("--sample", action="store_true", help="sample instead of greedy decoding")
     p.add_argument("--route", default=None, help="force a route: ANSWER, SEARCH or CALCULATE")
+    add_import_arg(p)
     add_config_args(p, "infer", last="PROMPT")
     p.set_defaults(func=cmd_infer)
     p = sub.add_parser("serve-env", help="serve an environment over WebSocket")
@@ -216,15 +242,23 @@ def _parser() -> argparse.ArgumentParser:
         "--handshake-timeout", type=float, default=30.0, help="seconds from upgrade to reset"
     )
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="env option")
-    imp = "import MODULE first (to register custom environment types)"
-    p.add_argument(
-        "--import", dest="imports", action="append", default=[], metavar="MODULE", help=imp
-    )
+    add_import_arg(p, config=False)
     p.set_defaults(func=cmd_serve_env)
     from toolgrpo.router.label_cli import add_parser as add_label_parser
 
     add_label_parser(sub)
     return parser
+
+
+def add_import_arg(p: argparse.ArgumentParser, config: bool = True) -> None:
+    """``--import MODULE`` (repeatable): a module name or a .py file registering env types."""
+    text = (
+        "import MODULE (a module name or a .py file) first, to register custom environment "
+        "types; repeatable" + ("; adds to trainer.imports" if config else "")
+    )
+    p.add_argument(
+        "--import", dest="imports", action="append", default=[], metavar="MODULE", help=text
+    )
 
 
 def _version() -> str:
@@ -240,10 +274,9 @@ def _version() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.WARNING,
-        format="%(levelname)s %(name)s: %(message)s",
-    )
+    from toolgrpo.run_log import setup_console
+
+    restore_logging = setup_console(args.verbose)  # libraries' logs: run.log, not the console
     from toolgrpo.errors import one_line
 
     try:
@@ -261,6 +294,8 @@ def main(argv: list[str] | None = None) -> int:
             text = f"disk full: {cause.strerror}{where}"
         print(f"toolgrpo {args.command}: error: {text}", file=sys.stderr)
         return 2
+    finally:
+        restore_logging()  # for callers in a process that goes on (tests)
 
 
 def _resume_hint(args: argparse.Namespace) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -14,6 +15,7 @@ from toolgrpo.config.schema import TrainConfig
 from toolgrpo.data.loader import DataError, check_text
 from toolgrpo.data.task import Task
 from toolgrpo.distributed.fsdp import resolve_device
+from toolgrpo.envs.plugins import load_run_plugins
 from toolgrpo.eval.cli import apply_checkpoint
 from toolgrpo.eval.evaluate import val_sampling_params
 from toolgrpo.models.loading import load_policy
@@ -39,6 +41,7 @@ def run_infer(
     sample: bool = False,
     console: Console | None = None,
     route: str | None = None,
+    imports: Sequence[str] = (),
 ) -> Episode:
     """One episode of ``prompt`` in the environment of ``task_type``; printed and returned.
     With a router (a checkpoint's ``router.pt``, or ``router.enable``), the route is chosen
@@ -49,6 +52,7 @@ def run_infer(
         except ValueError as e:
             raise DataError(str(e)) from None
     cfg = load_config(TrainConfig, config_path, overrides)
+    load_run_plugins(cfg, imports)  # --import and trainer.imports: users' env types
     if checkpoint:
         apply_checkpoint(cfg, checkpoint)
     router = make_router(cfg, RllaFlags(**vars(cfg.reward.rlla)))

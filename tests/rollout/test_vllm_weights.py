@@ -37,3 +37,25 @@ def test_saved_weights_round_trip_and_a_tied_head_is_written_once(tmp_path, tied
     assert set(got) == expected and written == len(expected)
     for k in expected:
         assert torch.equal(got[k], want[k]), k
+
+
+def test_reload_pushes_in_the_engine_dtype():
+    """An fp32 actor into a bf16 engine: tensors arrive as bf16 (vLLM warned once per weight,
+    60 lines per push), integer buffers untouched."""
+    from types import SimpleNamespace
+
+    from toolgrpo.rollout.vllm_weights import reload_into_worker
+
+    got: dict[str, torch.dtype] = {}
+
+    def reload_weights(weights_iterator, is_checkpoint_format):
+        got.update({name: t.dtype for name, t in weights_iterator})
+
+    worker = SimpleNamespace(
+        model_config=SimpleNamespace(dtype=torch.bfloat16),
+        reload_weights=reload_weights,
+        model_runner=SimpleNamespace(model=SimpleNamespace(config=SimpleNamespace())),
+    )
+    weights = [("w", torch.ones(2)), ("ids", torch.arange(3)), ("b", torch.ones(1).bfloat16())]
+    reload_into_worker(worker, iter(weights))
+    assert got == {"w": torch.bfloat16, "ids": torch.int64, "b": torch.bfloat16}

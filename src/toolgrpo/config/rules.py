@@ -307,6 +307,7 @@ FREE_KEYS = frozenset(
         "trainer.resume",  # auto | disable | a checkpoint directory
         "trainer.distributed.address",
         "trainer.device",  # checked in validate.py: auto | cpu | cuda | cuda:N
+        "trainer.imports",  # module names or .py paths, imported by envs.plugins.load_plugins
         _R + "stop",  # checked in validate.py: non-empty strings
         _MT + "rollback_error_patterns",  # checked in validate.py: regexes
         _MT + "rollback_error_json_keys",  # any JSON key names

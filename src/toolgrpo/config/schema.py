@@ -275,9 +275,16 @@ class TrainerConfig:
     # Warn when this many steps in a row carry no learning signal (every reward non-finite, or
     # every group's scores all equal); 0 = never.
     warn_no_signal_steps: int = 3
+    # Libraries' logs (vLLM, transformers, torch ...) and Python warnings on the console too; they
+    # always go to <output_dir>/run.log (TOOLGRPO_LOG_LEVEL=INFO|DEBUG does the same).
+    verbose: bool = False
     # verl's key: each step's episodes as <dir>/<step>.jsonl ("" = off; ``toolgrpo eval`` too)
     rollout_data_dir: str = ""
     rollout_data_samples_per_step: int = 64  # rows written per step, whole groups first; -1 = all
+    # Modules registering environment types (``@register_env``), imported before the config is
+    # checked, here and in every Ray rollout worker: module names or paths to .py files. The
+    # CLI's --import adds to them; installed ``toolgrpo.envs`` entry points load anyway.
+    imports: list[str] = field(default_factory=list)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
     # Where the actor, reference, value and router heads and the batch live: auto = CUDA (the
     # local rank's GPU) when available, else CPU; or cpu, cuda, cuda:N. Rollout engines keep theirs.

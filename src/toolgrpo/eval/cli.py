@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ from toolgrpo.config.schema import TrainConfig
 from toolgrpo.config.validate import validate_train_config
 from toolgrpo.data.loader import load_tasks
 from toolgrpo.distributed.fsdp import resolve_device
+from toolgrpo.envs.plugins import load_run_plugins
 from toolgrpo.eval.evaluate import check_scorable, evaluate, val_sampling_params
 from toolgrpo.eval.multi_turn import plays_episodes, run_episode_eval
 from toolgrpo.models.identity import BASE_KEY, base_identity, check_base
@@ -68,8 +70,10 @@ def _run_eval(
     limit: int,
     keep_samples: int,
     rollout_data_dir: str | None = None,
+    imports: Sequence[str] = (),
 ) -> int:
     cfg = load_config(TrainConfig, config_path, overrides)
+    load_run_plugins(cfg, imports)  # --import and trainer.imports: users' env types
     if rollout_data_dir:  # --rollout-data-dir: the same dumps as trainer.rollout_data_dir
         cfg.trainer.rollout_data_dir = rollout_data_dir
     validate_train_config(cfg)

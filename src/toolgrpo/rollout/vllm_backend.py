@@ -39,6 +39,7 @@ from toolgrpo.rollout.generator import Completion, SamplingParams
 from toolgrpo.rollout.hf import stop_token_ids
 from toolgrpo.rollout.vllm_compat import eager_engine_start, kernel_scan_safe
 from toolgrpo.rollout.vllm_weights import actor_weights, push_weights
+from toolgrpo.run_log import quiet_libraries
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +48,7 @@ MAX_SEED = 2**31 - 1
 
 def set_engine_env(cfg: TrainConfig, on_gpu: bool) -> None:
     """Environment vLLM reads at import/engine start; values already set win (a user's tuning)."""
+    quiet_libraries(cfg.trainer.verbose)  # vLLM's logs through ours: run.log, quiet console
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process: direct weight sync
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
     os.environ.setdefault("DO_NOT_TRACK", "1")
@@ -94,6 +96,7 @@ def engine_args(cfg: TrainConfig, model_dir: str, on_gpu: bool) -> dict[str, Any
         # Stop on exactly stop_token_ids(tokenizer), like HFGenerator, not on extra ids a
         # generation_config.json may list; and no sampling defaults taken from it.
         "generation_config": "vllm",
+        "use_tqdm_on_load": cfg.trainer.verbose,  # the shard-loading bar: console noise
     }
     if on_gpu:
         args["gpu_memory_utilization"] = r.gpu_memory_utilization

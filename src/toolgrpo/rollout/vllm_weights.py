@@ -122,10 +122,22 @@ def reload_into_worker(worker: Any, weights: Iterator[tuple[str, torch.Tensor]])
     reload_log = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
     if _FILTER not in reload_log.filters:
         reload_log.addFilter(_FILTER)
+    dtype = getattr(getattr(worker, "model_config", None), "dtype", None)
+    if isinstance(dtype, torch.dtype):  # fp32 actor, bf16 engine: vLLM warns per weight
+        weights = in_dtype(weights, dtype)
     worker.reload_weights(weights_iterator=weights, is_checkpoint_format=True)
     model = worker.model_runner.model
     if getattr(model.config, "tie_word_embeddings", False):
         refresh_tied_head(model)
+
+
+def in_dtype(
+    weights: Iterator[tuple[str, torch.Tensor]], dtype: torch.dtype
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Floating-point tensors cast to the engine's dtype, one at a time (never a second full
+    copy of the model); integer buffers as they are."""
+    for name, t in weights:
+        yield name, t.to(dtype) if t.is_floating_point() and t.dtype != dtype else t
 
 
 def save_weights(weights: Iterator[tuple[str, torch.Tensor]], path: str) -> int:

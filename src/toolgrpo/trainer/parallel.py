@@ -16,6 +16,7 @@ from toolgrpo.distributed.fsdp import Ranks, gather_into
 from toolgrpo.models.loading import Policy
 from toolgrpo.rollout.backends import sync_weights
 from toolgrpo.trainer.run_dir import write_text
+from toolgrpo.trainer.summary import startup_lines
 from toolgrpo.trainer.tracking import Tracker
 
 if TYPE_CHECKING:
@@ -50,7 +51,10 @@ def open_tracker(trainer: Trainer) -> Tracker | NullTracker:
     if not trainer.ranks.main:
         return NullTracker()
     write_text(trainer.out / "config.yaml", to_yaml(trainer.cfg))  # never through a link
-    return Tracker.for_run(trainer.cfg, trainer.out, trainer.total_steps, trainer.step)
+    tracker = Tracker.for_run(trainer.cfg, trainer.out, trainer.total_steps, trainer.step)
+    for line in startup_lines(trainer):  # what runs, where its outputs and logs go
+        tracker.console.print(line, soft_wrap=True, markup=False, highlight=False)
+    return tracker
 
 
 class NullTracker:

@@ -1,4 +1,5 @@
-"""The end-of-run summary: where the outputs are, the best held-out score, what to open next."""
+"""What a run says at its start (what runs, where) and its end (where the outputs are, the best
+held-out score, what to open next)."""
 
 from __future__ import annotations
 
@@ -47,3 +48,34 @@ def summary_lines(out: Path, history: list[dict[str, Any]], trainer_cfg: Any) ->
     if "tensorboard" in trainer_cfg.logger:
         lines.append(f"TensorBoard: tensorboard --logdir {shlex.quote(str(out / 'tensorboard'))}")
     return lines
+
+
+def startup_lines(trainer: Any) -> list[str]:
+    """A few lines before the first step: model, rollout backend and dtypes, tasks, steps, and
+    where outputs and the library log (run.log) go."""
+    cfg, policy = trainer.cfg, trainer.policy
+    r = cfg.actor_rollout_ref.rollout
+    kind = "LoRA" if policy.is_lora else "full"
+    dtype = str(policy.dtype).removeprefix("torch.")
+    gen = type(trainer.generator).__name__
+    if trainer.pool is not None:
+        backend = f"ray ({cfg.trainer.distributed.num_rollout_workers} workers)"
+    elif "VLLM" in gen:
+        import torch
+
+        from toolgrpo.rollout.vllm_backend import engine_dtype
+
+        backend = f"vllm ({engine_dtype(r.dtype, torch.cuda.is_available())})"
+    else:
+        backend = "hf"
+    steps = trainer.total_steps
+    first = f"steps {trainer.step + 1}-{steps}" if trainer.step else f"{steps} step(s)"
+    log = getattr(trainer, "run_log", None)
+    where = f"outputs: {trainer.out}" + (f"  (library logs: {log.path})" if log else "")
+    return [
+        f"model: {cfg.actor_rollout_ref.model.path} ({kind}, {dtype} compute), "
+        f"rollouts by {backend}",
+        f"  {len(trainer.tasks)} tasks, {cfg.data.train_batch_size} per step x {r.n} samples, "
+        f"{first}, {cfg.algorithm.adv_estimator}",
+        f"  {where}",
+    ]

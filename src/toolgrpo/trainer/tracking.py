@@ -143,7 +143,8 @@ class Tracker:
             b.log(metrics, step)
         if self.progress is not None:
             self.progress.update(self.task, completed=step, description="")
-            self.progress.console.print(console_line(metrics, step))
+            line = console_line(metrics, step)  # one line, however narrow the console
+            self.progress.console.print(line, soft_wrap=True, markup=False, highlight=False)
 
     def close(self) -> None:
         if self.progress is not None:

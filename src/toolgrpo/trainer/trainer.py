@@ -29,6 +29,7 @@ from toolgrpo.config.validate import validate_train_config
 from toolgrpo.data.loader import load_tasks
 from toolgrpo.data.task import Task
 from toolgrpo.distributed.fsdp import start_ranks
+from toolgrpo.envs.plugins import load_run_plugins
 from toolgrpo.eval.evaluate import check_scorable, val_sampling_params
 from toolgrpo.mixture import Mixture
 from toolgrpo.models.loading import load_policy, load_tokenizer
@@ -41,6 +42,7 @@ from toolgrpo.rollout.hf import HFGenerator
 from toolgrpo.rollout.prompts import filter_overlong, refuse_split_routes
 from toolgrpo.router.calibrate import Threshold
 from toolgrpo.router.runtime import RouterRuntime
+from toolgrpo.run_log import RunLog
 from toolgrpo.trainer import rollout_correction
 from toolgrpo.trainer import state as ckpt_state
 from toolgrpo.trainer.actor import Actor
@@ -62,6 +64,7 @@ log = logging.getLogger(__name__)
 
 class Trainer(RolloutStage):
     def __init__(self, cfg: TrainConfig) -> None:
+        load_run_plugins(cfg)  # users' env types (trainer.imports, entry points) before checks
         validate_train_config(cfg)
         self.cfg = cfg
         self.ranks = start_ranks(cfg)  # trainer.device and, with fsdp2, the process group
@@ -79,23 +82,25 @@ class Trainer(RolloutStage):
         torch.manual_seed(cfg.trainer.seed)
         self.out = Path(cfg.trainer.output_dir)
         self.run_lock: RunLock | None = None
+        self.run_log: RunLog | None = None  # <output_dir>/run.log: libraries' logs, warnings
         # Before the model loads: an earlier run here is resumed, refused, or moved aside; the
         # directory is resolved once and held (trainer/run_lock.py) until close().
         if self.ranks.main:
             self.out, self.run_lock = prepare_output_dir(
                 self.out, cfg.trainer.resume, cfg.trainer.overwrite_output_dir, as_dict(cfg)
             )
-        self.policy = load_policy(cfg.actor_rollout_ref.model, device=self.ranks.device)
-        self.tokenizer = self.policy.tokenizer
-        self.sampler = TaskSampler(
-            len(self.tasks), cfg.data.train_batch_size, data_seed(cfg), cfg.data.shuffle
-        )
+            self.run_log = RunLog(self.out, cfg.trainer.verbose)
         self.pool: Any = None
         self.generator: Any = None
         try:
+            self.policy = load_policy(cfg.actor_rollout_ref.model, device=self.ranks.device)
+            self.tokenizer = self.policy.tokenizer
+            self.sampler = TaskSampler(
+                len(self.tasks), cfg.data.train_batch_size, data_seed(cfg), cfg.data.shuffle
+            )
             self._setup(cfg)
         except BaseException:
-            self.close()  # Ray workers or a vLLM engine already started must not outlive us
+            self.close()  # Ray workers, a vLLM engine, the run lock and log must not outlive us
             raise
         if val is not None:
             self._val_tasks = val
@@ -379,6 +384,8 @@ class Trainer(RolloutStage):
         self.ranks.close()  # the fsdp2 process group
         if getattr(self, "run_lock", None) is not None:
             self.run_lock.release()  # another process may write trainer.output_dir now
+        if getattr(self, "run_log", None) is not None:
+            self.run_log.close()
 
     # ---- checkpoints ---------------------------------------------------------------------------
     def save_checkpoint(self) -> Path | None:
