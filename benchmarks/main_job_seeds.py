@@ -6,7 +6,8 @@ changed; the task order follows the seed), then the final checkpoint is scored w
 ``toolgrpo eval`` on all 300 held-out calculator/search/direct tasks and on ToolRL's 80 RLLA
 test tasks (single-turn, another format: the forgetting check), each paired by task with the
 warm start. Finished pieces are reused, so an interrupted run resumes where it stopped; one
-``--work`` holds one setting (its overrides are kept in ``overrides.json`` and checked).
+``--work`` holds one setting (its overrides are kept in ``overrides.json``, the config's hash in
+``config.sha256``, both checked).
 
     python benchmarks/main_job_seeds.py --seeds 0 1 2            # ~35 min a seed on 2 cores
     python benchmarks/main_job_seeds.py --seeds 0 1 2 --report   # only re-read what is there
@@ -20,6 +21,7 @@ seeds and tasks; its SE adds the SE over tasks and the SE between seeds); ``mach
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import os
@@ -206,7 +208,16 @@ def main(argv: list[str]) -> None:
             raise SystemExit(
                 f"{work} holds runs with other overrides ({extra}): use another --work"
             )
+        # The config file itself can change between invocations (a new default): its hash is
+        # kept beside the overrides, and runs of another config are not reused.
+        sha = work / "config.sha256"
+        digest = hashlib.sha256(CONFIG.read_bytes()).hexdigest()
+        if sha.is_file() and sha.read_text().strip() != digest:
+            raise SystemExit(
+                f"{work} holds runs of another {CONFIG.name} ({sha}): use another --work"
+            )
         extra.write_text(json.dumps(args.overrides))
+        sha.write_text(digest + "\n")
         evaluate(work, "warmstart", None, log)
         for s in args.seeds:
             ck = run_seed(work, s, args.overrides, log)
