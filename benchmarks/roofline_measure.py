@@ -247,6 +247,9 @@ def synthetic_batch(
             uids.append(f"g{gi}")
     b = collate_rows(rows, uids, pad_id)
     b.old_logprobs_BR = b.rollout_logprobs_BR.clone()
+    # The main job's KL anchor reads reference log-probs in the loss; their values do not change
+    # the update's cost (the reference's own forward is a separate pass, not measured here).
+    b.ref_logprobs_BR = b.rollout_logprobs_BR.clone()
     b.advantages_BR = torch.randn(b.size, 1, generator=g) * b.response_mask_BR
     return b
 
