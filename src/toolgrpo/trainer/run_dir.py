@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -99,16 +100,21 @@ def as_record(line: str) -> tuple[dict[str, Any] | None, str]:
     return rec, ""
 
 
+def _lines(path: Path) -> Iterator[tuple[int, str, dict[str, Any] | None, str]]:
+    """Each non-blank line of a metrics file: (line number, text, record or None, why not)."""
+    for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+        if line.strip():
+            rec, why = as_record(line)
+            yield n, line, rec, why
+
+
 def read_records(path: Path) -> tuple[list[dict[str, Any]], list[tuple[int, str, str]]]:
     """Every step record of a metrics file, and the other lines: (line number, text, why)."""
     records: list[dict[str, Any]] = []
     bad: list[tuple[int, str, str]] = []
     if not path.is_file():
         return records, bad
-    for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
-        if not line.strip():
-            continue
-        rec, why = as_record(line)
+    for n, line, rec, why in _lines(path):
         if rec is None:
             bad.append((n, line, why))
         else:
@@ -124,10 +130,7 @@ def truncate_metrics(path: Path, last_step: int) -> list[tuple[int, str, str]]:
         return []
     kept: list[str] = []
     bad: list[tuple[int, str, str]] = []
-    for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
-        if not line.strip():
-            continue
-        rec, why = as_record(line)
+    for n, line, rec, why in _lines(path):
         if rec is None:
             bad.append((n, line, why))
         elif rec["step"] <= last_step:
