@@ -256,6 +256,12 @@ def main(argv: list[str]) -> None:
             result[name]["probe_accuracy"] = probe(
                 [*BASE, *MIX, *args.extra], tasks, got["checkpoint"]
             )
+            write(result, args)  # each finished run lands before the next one starts
+    write(result, args)
+
+
+def write(result: dict[str, Any], args: argparse.Namespace) -> None:
+    """The result so far, to ``router_probe.json`` or ``router_discrimination.json``."""
     out = args.results / ("router_probe.json" if args.probe_only else "router_discrimination.json")
     out.write_text(json.dumps(result, indent=1))
     print(f"wrote {out}")
