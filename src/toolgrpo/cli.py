@@ -96,13 +96,20 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 def cmd_sft(args: argparse.Namespace) -> int:
     from toolgrpo.config.loader import load_config
+    from toolgrpo.envs.plugins import load_run_plugins
     from toolgrpo.sft.config import SFTConfig
     from toolgrpo.sft.trainer import SFTTrainer
 
+    imports = _pop_imports(args)
     path, overrides = _split(args.rest)
     cfg = load_config(SFTConfig, path, overrides)
+    load_run_plugins(cfg, imports)  # --import joins trainer.imports, as in toolgrpo train
     args.output_dir = cfg.trainer.output_dir
-    result = SFTTrainer(cfg).fit()
+    trainer = SFTTrainer(cfg)
+    try:
+        result = trainer.fit()
+    finally:
+        trainer.close()
     print(json.dumps(result))
     return 0
 
@@ -206,6 +213,7 @@ def _parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_report)
     text = f"supervised fine-tuning: {CONFIG_ARGS}"
     p = sub.add_parser("sft", help=text, description=text)
+    add_import_arg(p)
     add_config_args(p, "sft", schema="sft")
     p.set_defaults(func=cmd_sft)
     text = f"play one episode: [options] {CONFIG_ARGS} PROMPT"

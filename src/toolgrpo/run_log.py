@@ -1,11 +1,11 @@
 """A quiet console, a complete run log.
 
 Libraries (vLLM, transformers, torch, Ray, httpx, ...) log hundreds of start-up lines that bury
-toolgrpo's own. While a training run's log is open the console shows toolgrpo's lines and the
-libraries' errors only; everything, library INFO and Python warnings included, goes to
-``<output_dir>/run.log`` (commands without a run directory keep library warnings on the
-console). ``trainer.verbose`` (or ``toolgrpo -v``, or ``TOOLGRPO_LOG_LEVEL=INFO|DEBUG``) brings the
-libraries back to the console.
+toolgrpo's own. While a run's log is open (``toolgrpo train``, ``toolgrpo sft``) the console shows
+toolgrpo's lines and the libraries' errors only; everything, library INFO and Python warnings
+included, goes to ``<output_dir>/run.log`` (commands without a run directory keep library
+warnings on the console). ``trainer.verbose`` (or ``toolgrpo -v``, or
+``TOOLGRPO_LOG_LEVEL=INFO|DEBUG``) brings the libraries back to the console.
 """
 
 from __future__ import annotations
@@ -72,6 +72,11 @@ def _console_handler() -> logging.Handler | None:
     return None
 
 
+def cli_verbose() -> bool:
+    """Whether the CLI's console was set up verbose (``toolgrpo -v``)."""
+    return bool(getattr(_console_handler(), "_toolgrpo_verbose", False))
+
+
 def _console_filter() -> ConsoleFilter | None:
     handler = _console_handler()
     found = [f for f in (handler.filters if handler else []) if isinstance(f, ConsoleFilter)]
@@ -104,10 +109,12 @@ def setup_console(verbose: bool = False) -> Callable[[], None]:
         handler._toolgrpo_console = True  # type: ignore[attr-defined]
         root.addHandler(handler)
         undo = _undo(root, handler, root.level)
+    # ``toolgrpo -v``: a run log opened later keeps the libraries on the console
+    handler._toolgrpo_verbose = verbose  # type: ignore[attr-defined]
     handler.setLevel(min(level or logging.WARNING, logging.INFO if verbose else logging.WARNING))
     for f in list(handler.filters):
         handler.removeFilter(f)
-    # Without a run log (eval, sft, infer) library warnings stay; RunLog raises this to ERROR.
+    # Without a run log (eval, infer) library warnings stay; RunLog raises this to ERROR.
     handler.addFilter(ConsoleFilter(logging.WARNING if level is None else level))
     root.setLevel(min(root.level or logging.WARNING, handler.level))
     quiet_libraries(verbose)
@@ -156,6 +163,7 @@ class RunLog:
     open; ``close()`` puts the loggers it changed back."""
 
     def __init__(self, out: Path, verbose: bool = False) -> None:
+        verbose = verbose or cli_verbose()
         quiet_libraries(verbose)
         if verbose and _console_handler() is not None:  # trainer.verbose: louder CLI console
             setup_console(True)

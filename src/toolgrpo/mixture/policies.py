@@ -8,17 +8,24 @@ It samples on the actor's backend (``actor_rollout_ref.rollout.name``/``mode``):
 where a fixed model on the actor's base model shares the actor's engine (each part of a step
 re-pushes its own weights, ``RolloutPart.activate``). Under ``trainer.distributed.backend=ray``
 the fixed policy samples in the driver process while the workers sample the actor.
+
+A fixed policy may be a training checkpoint (``global_step_N``, its merged ``model/`` or its
+``adapter/``); a checkpoint's adapter is refused on a base other than the one it was trained on
+(``models/identity.py``), as resume, eval and infer refuse it.
 """
 
 from __future__ import annotations
 
 import gc
+import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from toolgrpo.config.loader import ConfigError
 from toolgrpo.config.schema import ModelConfig, TrainConfig
 from toolgrpo.mixture.schedule import FIXED
+from toolgrpo.models.identity import BASE_KEY, base_identity, check_base
 from toolgrpo.models.loading import Policy, load_policy, load_tokenizer
 from toolgrpo.models.registry import resolve_model
 from toolgrpo.rollout.backends import backend_name, make_generator
@@ -64,10 +71,49 @@ def fixed_specs(cfg: TrainConfig) -> list[FixedSpec]:
             max_new_tokens=cfg.data.max_response_length,
             stop=tuple(r.stop),
         )
+        path, adapter = in_checkpoint(path, adapter)
         model = ModelConfig(path=path, dtype=dtype, adapter_path=adapter)
         batch = _pick(ro.generation_batch_size, r.generation_batch_size)
         specs.append(FixedSpec(label, model, params, float(e.weight), batch, key))
     return specs
+
+
+STATE_FILE = "trainer_state.json"  # what makes a directory a checkpoint (trainer/checkpoint.py)
+
+
+def in_checkpoint(path: str, adapter: str) -> tuple[str, str]:
+    """A checkpoint directory named as ``model_path`` stands for its merged ``model/`` or its
+    ``adapter/`` (on the base the adapter names); as ``adapter_path``, for its ``adapter/``."""
+    p, a = Path(path), Path(adapter)
+    if adapter and (a / STATE_FILE).is_file() and (a / "adapter").is_dir():
+        adapter = str(a / "adapter")
+    if not adapter and (p / STATE_FILE).is_file():
+        for sub in ("model", "adapter"):
+            if (p / sub).is_dir():
+                return str(p / sub), adapter
+    return path, adapter
+
+
+def check_checkpoint_base(spec: FixedSpec) -> None:
+    """Refuse a checkpoint's adapter on a base other than the one its checkpoint records (one
+    line naming both): it would load silently on any base of the same shape. Full weights, and
+    adapters outside a checkpoint (an alias's shipped one, a user's own), record no base."""
+    m = spec.model
+    adapter = Path(m.adapter_path) if m.adapter_path else resolve_model(m.path).adapter_dir
+    if adapter is None or not (adapter.parent / STATE_FILE).is_file():
+        return
+    ckpt = adapter.parent
+    base, key = m.path, f"{spec.key}.model_path"
+    if not m.adapter_path:  # a bare adapter directory: on the base its config names
+        config = adapter / "adapter_config.json"
+        base = json.loads(config.read_text())["base_model_name_or_path"]  # resolve_model read it
+        key = f"base_model_name_or_path in {config}"
+    try:
+        state = json.loads((ckpt / STATE_FILE).read_text())
+    except (OSError, ValueError, RecursionError):
+        state = None
+    recorded = state.get(BASE_KEY) if isinstance(state, dict) else None
+    check_base(ckpt, recorded, base_identity(base, resolve_model(base).hf_dir), key)
 
 
 def tokenizer_mismatch(a: Any, b: Any) -> str | None:
@@ -117,6 +163,8 @@ class FixedPolicies:
                 continue
             seen.add(s.model.path)
             self._check_tokenizer(s, actor_path)
+        for s in {_model_key(s.model): s for s in specs}.values():
+            check_checkpoint_base(s)  # before any weights load
         if not offload:
             for s in specs:
                 self._policy(s)

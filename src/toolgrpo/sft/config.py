@@ -52,6 +52,12 @@ class SFTTrainerConfig:
     grad_clip: float | None = 1.0  # max grad norm, > 0; null = no clipping
     logger: list[str] = field(default_factory=lambda: ["console", "jsonl", "tensorboard"])
     num_threads: int = 0
+    # Libraries' logs and Python warnings on the console too; they always go to
+    # <output_dir>/run.log (TOOLGRPO_LOG_LEVEL=INFO|DEBUG or ``toolgrpo -v`` does the same).
+    verbose: bool = False
+    # Modules to import first (module names or .py paths), as toolgrpo train's trainer.imports:
+    # what registers custom types; the CLI's --import adds to them.
+    imports: list[str] = field(default_factory=list)
 
 
 @dataclass

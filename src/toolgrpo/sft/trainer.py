@@ -15,6 +15,7 @@ import torch
 from toolgrpo.config.loader import to_yaml
 from toolgrpo.config.schema import as_dict
 from toolgrpo.config.validate import validate_sft_config
+from toolgrpo.envs.plugins import load_run_plugins
 from toolgrpo.models.identity import BASE_KEY, base_identity, check_base
 from toolgrpo.models.loading import (
     load_policy,
@@ -26,6 +27,7 @@ from toolgrpo.models.logprobs import masked_token_logprobs
 from toolgrpo.models.registry import resolve_model
 from toolgrpo.models.safe_load import CorruptCheckpoint
 from toolgrpo.rollout.hf import stop_token_ids
+from toolgrpo.run_log import RunLog
 from toolgrpo.sft.config import SFTConfig
 from toolgrpo.sft.data import SFTExample, build_examples
 from toolgrpo.trainer.checkpoint import load_torch, read_state, save_torch, write_checkpoint
@@ -61,6 +63,7 @@ def data_hash(examples: list[SFTExample]) -> str:
 
 class SFTTrainer:
     def __init__(self, cfg: SFTConfig) -> None:
+        load_run_plugins(cfg)  # trainer.imports (and the CLI's --import), as toolgrpo train
         validate_sft_config(cfg)
         self.cfg = cfg
         t, d = cfg.trainer, cfg.data
@@ -77,6 +80,16 @@ class SFTTrainer:
         self.out, self.run_lock = prepare_output_dir(
             self.out, t.resume, t.overwrite_output_dir, as_dict(cfg)
         )
+        # libraries' logs and warnings: <output_dir>/run.log, as toolgrpo train's
+        self.run_log: RunLog | None = RunLog(self.out, t.verbose)
+        try:
+            self._setup()
+        except BaseException:
+            self.close()
+            raise
+
+    def _setup(self) -> None:
+        cfg, t, d = self.cfg, self.cfg.trainer, self.cfg.data
         self.policy = load_policy(cfg.model, trainable=True)
         self.sampler = TaskSampler(
             len(self.examples), min(d.train_batch_size, len(self.examples)), d.seed, d.shuffle
@@ -100,8 +113,17 @@ class SFTTrainer:
         if found is not None:
             self._load(*found)
 
+    def close(self) -> None:
+        """Put the loggers back and let another process write the output directory."""
+        if self.run_log is not None:
+            self.run_log.close()
+            self.run_log = None
+        self.run_lock.release()
+
     def fit(self) -> dict[str, Any]:
         write_text(self.out / "config.yaml", to_yaml(self.cfg))
+        logs = f"  (library logs: {self.run_log.path})" if self.run_log else ""
+        print(f"outputs: {self.out}{logs}")
         tracker = Tracker(self.out, self.cfg.trainer.logger, self.total_steps, self.step)
         last: dict[str, float] = {}
         try:
