@@ -138,7 +138,12 @@ def test_a_done_result_ends_the_episode_after_its_results(tok):  # noqa: F811
     ep, gen = _play(tok, [CALL, ANSWER], Booking())
     assert ep.stop_reason == "done" and not ep.truncated and ep.num_turns == 1
     assert len(gen.calls) == 1 and ep.reward == 1.0  # the reward saw the tool result
-    assert ep.messages[-1] == {"role": "tool", "name": "add", "content": "booked"}
+    assert ep.messages[-1] == {
+        "role": "tool",
+        "name": "add",
+        "content": "booked",
+        "tool_call_id": "call00000",  # the assistant turn's structured call it answers
+    }
 
 
 def test_a_tool_env_tool_can_end_the_episode(tok):  # noqa: F811

@@ -15,7 +15,7 @@ from typing import Any
 
 from toolgrpo.config.loader import ConfigError
 from toolgrpo.config.router import COST_MODES, LAGRANGIANS, LM_REWARDS, POOLINGS
-from toolgrpo.config.schema import ROLLBACK_MODES
+from toolgrpo.config.schema import ROLLBACK_MODES, TOOL_CALL_FORMATS
 
 
 @dataclass(frozen=True)
@@ -195,6 +195,7 @@ TRAIN_RULES: dict[str, Any] = {
     _MT + "max_tool_retries": NONNEG,
     _MT + "max_negative_samples_per_group": Num(0, optional=True),  # null = no cap
     _MT + "rollback_mode": OneOf(ROLLBACK_MODES),
+    _MT + "format": OneOf(TOOL_CALL_FORMATS),
     _MT + "negative_reward": FINITE,
     _MT + "rollback_error_types": OneOf(_error_types, each=True),
     _MT + "max_env_failure_ratio": UNIT,  # 1 = never stop the run

@@ -110,6 +110,8 @@ ROLLBACK_ERROR_JSON_KEYS = ("error",)
 # episode anyway.
 ROLLBACK_ERROR_TYPES = ("parse", "unknown_tool", "invalid_arguments", "exception")
 ROLLBACK_MODES = ("retry", "fission")  # docs/multi_turn.md, "Tool-call rollback"
+# How the model writes tool calls (toolgrpo.rollout.tool_parsers; docs/multi_turn.md).
+TOOL_CALL_FORMATS = ("hermes", "llama3_json", "mistral")
 
 
 @dataclass
@@ -118,6 +120,8 @@ class MultiTurnConfig:
     then bounds the whole episode after the prompt: every turn plus the tool results."""
 
     enable: bool = False
+    # verl's key: the tool-call parser and calling instructions, per model family
+    format: str = "hermes"  # hermes | llama3_json | mistral
     max_tokens_per_turn: int = 256  # one assistant turn
     max_tool_response_length: int = 256  # tokens of one tool result (0 = no limit)
     tool_response_truncate_side: str = "middle"  # right (keep head) | left (keep tail) | middle

@@ -39,6 +39,8 @@ class Episode:
     response_ids: list[int] = field(default_factory=list)
     response_mask: list[int] = field(default_factory=list)  # 1 = sampled by the policy
     logprobs: list[float] = field(default_factory=list)  # sampling log-probs (0.0 where mask 0)
+    # The conversation: assistant turns as written plus OpenAI-style ``tool_calls``, tool results
+    # with ``tool_call_id`` (``rollout.turns``); records only, the tokens never come from them.
     messages: list[dict[str, Any]] = field(default_factory=list)
     reward: float = 0.0
     reward_parts: dict[str, float] = field(default_factory=dict)

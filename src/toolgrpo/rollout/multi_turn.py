@@ -30,7 +30,16 @@ from toolgrpo.rollout.rollback import (
     SnapshotUnsupported,
     make_guard,
 )
-from toolgrpo.rollout.turns import append_delta, count_tools, run_calls, tool_message, turn_calls
+from toolgrpo.rollout.tool_parsers import get_format
+from toolgrpo.rollout.turns import (
+    append_delta,
+    assistant_message,
+    count_tools,
+    result_call_ids,
+    run_calls,
+    tool_message,
+    turn_calls,
+)
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +63,11 @@ class EpisodeLimits:
     # together (generation not counted); past either, an environment failure. 0 = no limit.
     env_call_timeout_s: float = 60.0
     env_episode_timeout_s: float = 900.0
+    # How the model writes tool calls (``rollout.tool_parsers``): hermes | llama3_json | mistral.
+    tool_format: str = "hermes"
+
+    def __post_init__(self) -> None:
+        get_format(self.tool_format)  # an unknown format fails here, not mid-rollout
 
 
 async def play_task(
@@ -83,7 +97,7 @@ async def play_task(
         return env_failed(ep, failure_reason("reset", exc), limits)
     if condition is not None:
         start = condition(start)
-    messages, tools = with_tools(tokenizer, start.messages, start.tools)
+    messages, tools = with_tools(tokenizer, start.messages, start.tools, limits.tool_format)
     prompt_text, prompt_ids = encode_prompt(tokenizer, messages, tools)
     ep = Episode(task.task_id, task.task_type, uid, prompt_ids, messages=messages)
     ep.policy_version = policy_version
@@ -115,9 +129,10 @@ async def play_task(
             comp.token_ids[:-1] if comp.token_ids and comp.token_ids[-1] in eos else comp.token_ids
         )
         text = decode(tokenizer, body)
-        messages.append({"role": "assistant", "content": text})
         cut = comp.finish_reason == "length"  # complete calls before the cap still run
-        calls = [] if env.single_turn else turn_calls(text, cut)
+        calls = [] if env.single_turn else turn_calls(text, cut, limits.tool_format)
+        turn = assistant_message(text, calls, messages)
+        messages.append(turn)
         if cut and not calls:
             ep.stop_reason, ep.truncated = "length", True
             break
@@ -157,7 +172,8 @@ async def play_task(
                 if resume is not None:  # rolled back to before this turn: sample it again
                     stream_text = resume
                     continue
-            new = [tool_message(tokenizer, r, limits) for r in results]
+            ids = result_call_ids(turn.get("tool_calls") or [], calls, results)
+            new = [tool_message(tokenizer, r, limits, i) for r, i in zip(results, ids, strict=True)]
             if any(r.done for r in results) or last_turn:
                 # The environment ended the episode, or this was the last turn: the calls ran,
                 # and their results join the transcript the reward sees (tokens if they fit).

@@ -1,8 +1,12 @@
 """Chat-template rendering for episodes: the opening prompt with tools, and each turn's delta.
 
 A template that knows ``tools=`` (Qwen2.5, Llama 3.1, ...) renders the tool specs itself; for one
-that does not (SmolLM2's plain ChatML) the specs go into the system message as a hermes-style
-block, so every model sees the same contract: JSON specs in, ``<tool_call>`` JSON out.
+that does not (SmolLM2's plain ChatML) the specs go into the system message as a ``<tools>`` block
+with the calling instructions of the episode's tool-call format (``rollout.tool_parsers``;
+``hermes`` by default: JSON specs in, ``<tool_call>`` JSON out).
+
+Assistant turns are rendered as the model wrote them: their structured ``tool_calls`` are the
+record, not the text, so re-rendering never changes what the policy generated (``as_generated``).
 
 Messages and tool specs are data: ``encode_prompt`` and ``encode_delta`` keep a special token's
 text inside them plain (``rollout.escape``), so only the template writes control tokens.
@@ -15,14 +19,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from toolgrpo.rollout.escape import Escaper
+from toolgrpo.rollout.tool_parsers import get_format
 
-_TOOLS_HEADER = (
+_TOOLS_LISTING = (
     "You can use the functions listed below. Their JSON signatures are inside <tools></tools>:\n"
     "<tools>\n{specs}\n</tools>\n"
-    "To call a function, write one JSON object per call inside <tool_call></tool_call> tags:\n"
-    '<tool_call>\n{{"name": "<function name>", "arguments": {{<arguments as JSON>}}}}\n'
-    "</tool_call>\n"
-    "Each result comes back in a message from the tool; then continue, or give your answer."
 )
 
 
@@ -31,13 +32,21 @@ def template_supports_tools(tokenizer: Any) -> bool:
     return "tools" in template if isinstance(template, str) else False
 
 
-def tools_block(tools: Sequence[dict[str, Any]]) -> str:
+def template_renders_tool_calls(tokenizer: Any) -> bool:
+    template = getattr(tokenizer, "chat_template", None) or ""
+    return "tool_calls" in template if isinstance(template, str) else False
+
+
+def tools_block(tools: Sequence[dict[str, Any]], tool_format: str = "hermes") -> str:
     specs = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
-    return _TOOLS_HEADER.format(specs=specs)
+    return _TOOLS_LISTING.format(specs=specs) + get_format(tool_format).how_to_call
 
 
 def with_tools(
-    tokenizer: Any, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]]
+    tokenizer: Any,
+    messages: Sequence[dict[str, Any]],
+    tools: Sequence[dict[str, Any]],
+    tool_format: str = "hermes",
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
     """Messages and the ``tools=`` argument to render them with."""
     msgs = [dict(m) for m in messages]
@@ -45,7 +54,7 @@ def with_tools(
         return msgs, None
     if template_supports_tools(tokenizer):
         return msgs, list(tools)
-    block = tools_block(tools)
+    block = tools_block(tools, tool_format)
     if msgs and msgs[0].get("role") == "system":
         msgs[0]["content"] = f"{msgs[0]['content']}\n\n{block}"
     else:
@@ -90,8 +99,10 @@ def encode_delta(
     """``delta_text`` of ``new_messages`` (tool results, environment user turns) as
     ``(text, ids, exact)``; a special token's text inside them stays plain text."""
     esc = Escaper.of(tokenizer)
-    hidden = esc.hide(list(new_messages))
-    delta, exact = delta_text(tokenizer, stream_text, history, hidden, tools, esc.hide)
+    hidden = esc.hide(as_generated(new_messages))
+    delta, exact = delta_text(
+        tokenizer, stream_text, as_generated(history), hidden, tools, esc.hide
+    )
     text, ids = esc.encode(delta)
     return text, ids, exact
 
@@ -132,3 +143,48 @@ def delta_text(
     alone = render_text(tokenizer, [*first, *new_messages], tools, True)
     head = render_text(tokenizer, first, tools, False)
     return alone[len(head) :] if alone.startswith(head) else alone, False
+
+
+def as_generated(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Messages as the token stream holds them: assistant turns as the text the model wrote,
+    without the structured ``tool_calls`` parsed from it (a template that renders those would
+    write the calls twice, or differently from the sampled tokens)."""
+    return [
+        {k: v for k, v in m.items() if k != "tool_calls"} if m.get("role") == "assistant" else m
+        for m in messages
+    ]
+
+
+def chat_view(
+    tokenizer: Any, messages: Sequence[dict[str, Any]], tool_format: str = "hermes"
+) -> list[dict[str, Any]]:
+    """An episode's messages for rendering elsewhere (SFT data, another trainer). A template
+    that renders ``tool_calls`` gets each calling turn's text outside its calls plus the calls,
+    their arguments as objects (Hugging Face's convention); one that ignores them (SmolLM2's
+    ChatML) gets the turn as the model wrote it, calls included, so nothing is lost."""
+    if not template_renders_tool_calls(tokenizer):
+        return as_generated(messages)
+    parse = get_format(tool_format).parse
+    out = []
+    for m in messages:
+        if m.get("role") == "assistant" and m.get("tool_calls"):
+            calls = [
+                {**c, "function": _arguments_as_object(c["function"])} for c in m["tool_calls"]
+            ]
+            m = {**m, "content": parse(str(m.get("content") or "")).content, "tool_calls": calls}
+        out.append(dict(m))
+    return out
+
+
+def _arguments_as_object(fn: dict[str, Any]) -> dict[str, Any]:
+    """OpenAI's JSON-string arguments as the object templates expect (kept as the string when
+    they are not a JSON object: a call the model wrote malformed)."""
+    args = fn.get("arguments")
+    if isinstance(args, str):
+        try:
+            value = json.loads(args)
+        except ValueError:
+            return dict(fn)
+        if isinstance(value, dict):
+            return {**fn, "arguments": value}
+    return dict(fn)

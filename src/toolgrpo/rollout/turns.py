@@ -1,6 +1,7 @@
-"""What the episode loop does between two assistant turns: which calls of a turn run, the
-environment's results for them, those results as messages, and the rendered delta appended as
-mask-0 tokens (data in it escaped: ``rollout.escape``)."""
+"""What the episode loop does between two assistant turns: which calls of a turn run, the turn
+and the environment's results for them as messages (OpenAI-style ``tool_calls`` and
+``tool_call_id``), and the rendered delta appended as mask-0 tokens (data in it escaped:
+``rollout.escape``)."""
 
 from __future__ import annotations
 
@@ -12,21 +13,41 @@ from toolgrpo.rollout.env_calls import bounded
 from toolgrpo.rollout.episode import Episode
 from toolgrpo.rollout.escape import PlainTokenizer
 from toolgrpo.rollout.render import encode_delta
+from toolgrpo.rollout.tool_parsers import get_format, openai_tool_calls
 from toolgrpo.tools.executor import truncate_text
-from toolgrpo.tools.parser import CLOSE_TAG, parse_tool_calls
 from toolgrpo.tools.types import ToolCall, ToolResult
 
 if TYPE_CHECKING:
     from toolgrpo.rollout.multi_turn import EpisodeLimits
 
 
-def turn_calls(text: str, cut: bool) -> list[ToolCall]:
-    """The calls a turn makes. A turn cut at its token cap (``cut``) runs the blocks it closed
-    before the cut; an unclosed last block is where the cap fell, not a malformed call."""
-    if not cut:
-        return parse_tool_calls(text)
-    end = text.rfind(CLOSE_TAG)
-    return parse_tool_calls(text[: end + len(CLOSE_TAG)]) if end >= 0 else []
+def turn_calls(text: str, cut: bool, tool_format: str = "hermes") -> list[ToolCall]:
+    """The calls a turn makes. A turn cut at its token cap (``cut``) runs the calls it completed
+    before the cut; an unfinished last one is where the cap fell, not a malformed call."""
+    return get_format(tool_format).turn_calls(text, cut)
+
+
+def assistant_message(
+    text: str, calls: Sequence[ToolCall], messages: Sequence[dict[str, Any]]
+) -> dict[str, Any]:
+    """A turn as its message: the text as the model wrote it (what the tokens hold) and, when it
+    calls tools, those calls structured, with ids that go on counting through the episode."""
+    if not calls:
+        return {"role": "assistant", "content": text}
+    first = sum(len(m.get("tool_calls") or ()) for m in messages)
+    return {"role": "assistant", "content": text, "tool_calls": openai_tool_calls(calls, first)}
+
+
+def result_call_ids(
+    structured: Sequence[dict[str, Any]], calls: Sequence[ToolCall], results: Sequence[ToolResult]
+) -> list[str]:
+    """The structured call id each result answers: by the call id the environment echoed, else
+    by position (results beyond one per call answer none: "")."""
+    by_call = {c.id: s["id"] for c, s in zip(calls, structured, strict=True) if c.id}
+    ids = [s["id"] for s in structured]
+    return [
+        by_call.get(r.call_id) or (ids[i] if i < len(ids) else "") for i, r in enumerate(results)
+    ]
 
 
 async def run_calls(
@@ -68,16 +89,20 @@ def append_delta(
     return delta
 
 
-def tool_message(tokenizer: Any, r: ToolResult, limits: EpisodeLimits) -> dict[str, Any]:
+def tool_message(
+    tokenizer: Any, r: ToolResult, limits: EpisodeLimits, call_id: str = ""
+) -> dict[str, Any]:
     """A result as the tool message the template renders, cut to ``max_tool_response_length``
-    tokens as the episode will hold them (special tokens' texts count as plain text)."""
+    tokens as the episode will hold them (special tokens' texts count as plain text), naming
+    the structured call it answers (``call_id``) when there is one."""
     text = truncate_text(
         PlainTokenizer(tokenizer),
         r.text,
         limits.max_tool_response_length,
         limits.tool_response_truncate_side,
     )
-    return {"role": "tool", "name": r.name, "content": text}
+    msg = {"role": "tool", "name": r.name, "content": text}
+    return {**msg, "tool_call_id": call_id} if call_id else msg
 
 
 def count_tools(ep: Episode, results: Sequence[ToolResult]) -> None:

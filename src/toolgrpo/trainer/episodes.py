@@ -57,6 +57,7 @@ def episode_limits(cfg: TrainConfig) -> EpisodeLimits:
         error_reward=mt.error_reward,
         env_call_timeout_s=mt.env_call_timeout_s,
         env_episode_timeout_s=mt.env_episode_timeout_s,
+        tool_format=mt.format,
     )
 
 
