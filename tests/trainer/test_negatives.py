@@ -21,6 +21,7 @@ from toolgrpo.envs.registry import EnvRouter
 from toolgrpo.rollout.episode import Episode
 from toolgrpo.rollout.generator import SamplingParams
 from toolgrpo.rollout.rollback import NegativeSample
+from toolgrpo.trainer import advantage_stage
 from toolgrpo.trainer.batch import minibatch_indices, negative_parents
 from toolgrpo.trainer.episode_metrics import episode_metrics
 from toolgrpo.trainer.episodes import EpisodeRunner
@@ -103,7 +104,7 @@ def test_grpo_with_negatives_matches_hand_computation():
 
 
 def test_trainer_keeps_negatives_out_of_the_baseline_and_reports_them_apart():
-    """Pins issue #14 item 3 in the trainer: ``Trainer.compute_advantages`` passes
+    """Pins issue #14 item 3 in the trainer: ``advantage_stage.compute_advantages`` passes
     ``batch.is_negative`` (4 failed episodes + 1 negative gave each failure +0.447), and
     ``reward/mean`` counted the negatives' -1 as if an environment had scored them."""
     eps = [episode("a", 0.0) for _ in range(4)]
@@ -111,8 +112,7 @@ def test_trainer_keeps_negatives_out_of_the_baseline_and_reports_them_apart():
     eps += [episode("b", r) for r in (1.0, 1.0, 1.0, 0.0)]
     batch, _ = runner(config()).to_batch(eps)
     assert batch.is_negative == [False] * 8 + [True]
-    stub = SimpleNamespace(cfg=config(), kl_ctrl=None)
-    metrics = Trainer.compute_advantages(stub, batch)
+    metrics = advantage_stage.compute_advantages(batch, config().algorithm, kl_ctrl=None)
     per_row = [float(batch.advantages_BR[i][batch.response_mask_BR[i].bool()][0]) for i in range(9)]
     assert per_row[:4] == [0.0] * 4  # all failed: no signal, and no lift from the negative
     assert per_row[8] == pytest.approx(-(5**0.5))  # -1 / std(0, 0, 0, 0, -1)
@@ -288,7 +288,7 @@ def test_mixture_rewards_by_policy_leave_negatives_out():
     """Reward-by-policy (rollout/reward_actor, _fixed) averaged the negatives' -1 into the
     policy's episodes; only real rows are samples of a policy's episodes."""
     from toolgrpo.trainer.batch import collate_rows
-    from toolgrpo.trainer.rollout_stage import RolloutStage
+    from toolgrpo.trainer.rollout_stage import mixture_metrics
 
     rows = [([1, 2], [3], [1], [0.0])] * 3
     batch = collate_rows(rows, ["g", "g", "g"], 0)
@@ -301,6 +301,5 @@ def test_mixture_rewards_by_policy_leave_negatives_out():
         seen.update(policies=list(policies), scores=list(scores))
         return {}
 
-    stage = SimpleNamespace(mixture=SimpleNamespace(rollout_metrics=rollout_metrics))
-    RolloutStage._mixture_metrics(stage, 1, batch)
+    mixture_metrics(SimpleNamespace(rollout_metrics=rollout_metrics), 1, batch)
     assert seen == {"policies": ["actor", "actor"], "scores": [1.0, 0.0]}

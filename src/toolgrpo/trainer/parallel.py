@@ -8,20 +8,21 @@ one parameter at a time. Other ranks hold shards only and never sample, log or w
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from dataclasses import replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from toolgrpo.config.loader import to_yaml
+from toolgrpo.config.schema import TrainConfig
 from toolgrpo.distributed.fsdp import Ranks, gather_into
 from toolgrpo.models.loading import Policy
 from toolgrpo.rollout.backends import sync_weights
 from toolgrpo.trainer.run_dir import write_text
-from toolgrpo.trainer.summary import startup_lines
 from toolgrpo.trainer.tracking import Tracker
 
 if TYPE_CHECKING:
     from toolgrpo.trainer.actor import Actor
-    from toolgrpo.trainer.trainer import Trainer
 
 
 def actor_policy(policy: Policy, ranks: Ranks) -> Policy:
@@ -39,20 +40,28 @@ def refresh_rollout_copy(actor: Actor, policy: Policy, ranks: Ranks) -> None:
     gather_into(actor.root, policy.model if ranks.main else None, only_trainable=True)
 
 
-def push_weights(trainer: Trainer, version: int) -> None:
-    """After an update (or a resume): shards into rank 0's copy, then that copy to backends
-    holding their own (vLLM, Ray workers); a no-op for HF sampling in one process."""
-    refresh_rollout_copy(trainer.actor, trainer.policy, trainer.ranks)
-    sync_weights(trainer.pool or trainer.generator, trainer.policy.model, version)
+def push_weights(actor: Actor, policy: Policy, ranks: Ranks, backend: Any, version: int) -> None:
+    """After an update (or a resume): shards into rank 0's copy, then that copy to a
+    ``backend`` holding its own (vLLM, a Ray pool); a no-op for HF sampling in one process."""
+    refresh_rollout_copy(actor, policy, ranks)
+    sync_weights(backend, policy.model, version)
 
 
-def open_tracker(trainer: Trainer) -> Tracker | NullTracker:
-    """Rank 0 writes the run's config and metrics; other ranks get a tracker that drops them."""
-    if not trainer.ranks.main:
+def open_tracker(
+    ranks: Ranks,
+    cfg: TrainConfig,
+    out: Path,
+    total_steps: int,
+    step: int,
+    startup: Sequence[str] = (),
+) -> Tracker | NullTracker:
+    """Rank 0 writes the run's config and metrics and prints ``startup`` (what runs, where its
+    outputs and logs go); other ranks get a tracker that drops them."""
+    if not ranks.main:
         return NullTracker()
-    write_text(trainer.out / "config.yaml", to_yaml(trainer.cfg))  # never through a link
-    tracker = Tracker.for_run(trainer.cfg, trainer.out, trainer.total_steps, trainer.step)
-    for line in startup_lines(trainer):  # what runs, where its outputs and logs go
+    write_text(out / "config.yaml", to_yaml(cfg))  # never through a link
+    tracker = Tracker.for_run(cfg, out, total_steps, step)
+    for line in startup:
         tracker.console.print(line, soft_wrap=True, markup=False, highlight=False)
     return tracker
 

@@ -1,8 +1,9 @@
 """The rollout stage of a step: tasks → rollouts (actor or mixture policies, routed or not,
 single- or multi-turn) → rewards → one collated batch with its rollout metrics.
 
-A mixin of ``Trainer``: it reads the trainer's generator, sampling params, mixture, environments
-and router, and owns nothing else.
+``RolloutStage`` holds what it reads (the config sections, tokenizer, sampling params, mixture,
+environments, router, dumper) and owns nothing else; the trainer builds one and passes each
+step's tasks, generator and policy version.
 """
 
 from __future__ import annotations
@@ -17,9 +18,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from toolgrpo import progress
+from toolgrpo.config.schema import DataConfig, MultiTurnConfig, RewardConfig
 from toolgrpo.data.task import Task
 from toolgrpo.mixture import ACTOR, RolloutPart
 from toolgrpo.rewards.scoring import Score, is_finite, score
+from toolgrpo.rewards.types import RllaFlags
 from toolgrpo.rollout.episode import Episode
 from toolgrpo.rollout.generator import Completion, SamplingParams
 from toolgrpo.rollout.single_turn import rollout_tasks, solution_text
@@ -30,9 +33,7 @@ from toolgrpo.trainer.metrics import completion_metrics
 from toolgrpo.trainer.rollout_dump import RolloutDumper, completion_record
 
 if TYPE_CHECKING:
-    from toolgrpo.config.schema import TrainConfig
     from toolgrpo.mixture import Mixture
-    from toolgrpo.rewards.types import RllaFlags
     from toolgrpo.router.runtime import RouterRuntime
     from toolgrpo.trainer.episodes import EpisodeRunner
 
@@ -50,45 +51,49 @@ class Rolled:
     nonfinite: float
 
 
+@dataclass(frozen=True)
 class RolloutStage:
-    cfg: TrainConfig
-    tasks: list[Task]
+    """What a step's rollout reads. ``episodes`` set: multi-turn episodes scored by their
+    environments; else single-turn completions scored by the RLLA reward (``flags``)."""
+
+    data: DataConfig  # max_prompt_length, truncation
+    reward_cfg: RewardConfig  # nan_policy
+    multi_turn: MultiTurnConfig  # mask_truncated
+    seed: int  # trainer.seed: each step's sampling is seeded from it (resumable)
     tokenizer: Any
-    generator: Any
     sampling: SamplingParams
     flags: RllaFlags
-    mixture: Mixture | None
-    episodes: EpisodeRunner | None
-    router: RouterRuntime | None
-    step: int
+    mixture: Mixture | None = None
+    episodes: EpisodeRunner | None = None
+    router: RouterRuntime | None = None
     dumper: RolloutDumper | None = None  # trainer.rollout_data_dir
-    _routes: list[str | None]
 
-    def produce(self, step: int, indices: list[int], generator: Any) -> Rolled:
-        """Rollout and reward for one step's tasks: the batch, its rollout metrics and timings."""
-        torch.manual_seed(self.cfg.trainer.seed * 1_000_003 + step)  # resumable sampling
-        tasks = [self.tasks[i] for i in indices]
+    def produce(self, step: int, tasks: list[Task], generator: Any, version: int) -> Rolled:
+        """Rollout and reward for one step's tasks, sampled by ``generator`` with the weights of
+        policy ``version``: the batch, its rollout metrics and timings."""
+        torch.manual_seed(self.seed * 1_000_003 + step)  # resumable sampling
         timing: dict[str, float] = {}
         t0 = time.perf_counter()
-        items, policies = self._generate(step, tasks, generator)
+        items, policies, routes = self._generate(step, tasks, generator, version)
         timing["timing/gen_s"] = time.perf_counter() - t0
         if self.episodes is not None:
             if self.dumper is not None:
-                self.dumper.write_episodes(step, items, self.tokenizer, policies, self._routes)
+                self.dumper.write_episodes(step, items, self.tokenizer, policies, routes)
             return self._episode_batch(step, items, policies, timing)
         completions, uids, owners = (list(x) for x in zip(*items, strict=True))
         t0 = time.perf_counter()
         scores, nonfinite = self.reward(owners, completions, step)
         timing["timing/reward_s"] = time.perf_counter() - t0
         if self.dumper is not None:
-            rows = zip(completions, owners, uids, scores, policies, self._routes, strict=True)
+            rows = zip(completions, owners, uids, scores, policies, routes, strict=True)
             tok = self.tokenizer
             self.dumper.write(step, [completion_record(*r[:4], tok, *r[4:]) for r in rows])
         batch = collate(completions, uids, self.tokenizer.pad_token_id)
         batch.task_types = [t.task_type for t in owners]
         batch.scores_B = torch.tensor([s.total for s in scores], dtype=torch.float32)
         batch.policies = policies
-        metrics = {**completion_metrics(completions, scores), **self._mixture_metrics(step, batch)}
+        metrics = completion_metrics(completions, scores)
+        metrics.update(mixture_metrics(self.mixture, step, batch))
         if self.router is not None:
             metrics.update(self.router.observe(items, [s.total for s in scores]))
             self.router.bind_rows(list(range(len(items))))  # one batch row per rollout
@@ -109,7 +114,7 @@ class RolloutStage:
         # Truncated episodes among those trained; with mask_truncated, the rows that train nothing.
         truncated = sum(e.truncated for e in kept)
         metrics["rollout/truncated_frac"] = truncated / len(kept) if kept else 0.0
-        masking = self.cfg.actor_rollout_ref.rollout.multi_turn.mask_truncated
+        masking = self.multi_turn.mask_truncated
         metrics["rollout/truncated_masked"] = float(truncated if masking else 0)
         if self.router is not None:  # failed episodes stand at their group's mean
             metrics.update(self.router.observe(items, stand_in_rewards(items)))
@@ -118,23 +123,18 @@ class RolloutStage:
         if batch is not None:
             pols = [policies[i] for i in keep]
             batch.policies = pols + [pols[i] for i in negative_parents(kept)]
-            metrics.update(self._mixture_metrics(step, batch))
+            metrics.update(mixture_metrics(self.mixture, step, batch))
         return Rolled(batch, metrics, timing, float(nonfinite))
 
-    def skipped_step(self, step: int, rolled: Rolled, producer: Any = None) -> dict[str, float]:
-        """The metrics of a step with nothing to train on (every episode failed in its
-        environment, under ``max_env_failure_ratio=1``): no update, the run goes on."""
-        log.warning("step %d: every episode failed in its environment; no update this step", step)
-        if producer is not None:  # the producer counts updates to bound its staleness
-            producer.updated()
-        return {**rolled.metrics, **rolled.timing, "reward/nonfinite": rolled.nonfinite}
-
-    def _generate(self, step: int, tasks: list[Task], generator: Any) -> tuple[list, list[str]]:
+    def _generate(
+        self, step: int, tasks: list[Task], generator: Any, version: int
+    ) -> tuple[list, list[str], list[str | None]]:
         """Episodes, or (completion, uid, task) triples, of the step's tasks, each with the policy
-        that sampled it (the actor, or a fixed policy of the mixture)."""
+        that sampled it (the actor, or a fixed policy of the mixture) and its route (the
+        router's, None without it; for dumps)."""
         items: list = []
         policies: list[str] = []
-        self._routes = []  # the router's route per rollout (None without the router), for dumps
+        routes: list[str | None] = []
         unit = "episodes" if self.episodes is not None else "samples"
         with (
             progress.phase("generation", len(tasks) * self.sampling.n, unit),
@@ -147,53 +147,36 @@ class RolloutStage:
                 if self.episodes is not None:
                     conds = plan.conditions if plan is not None else None
                     got = self.episodes.play(
-                        p.tasks, p.params, step, self.step, p.generator, conditions=conds
+                        p.tasks, p.params, step, version, p.generator, conditions=conds
                     )
                 elif plan is not None:
                     got = self.router.rollout(plan, p.generator, p.params)
                 else:
-                    got = list(zip(*self.rollout(p.tasks, p.generator, p.params), strict=True))
+                    got = list(zip(*self._single_turn(p.tasks, p.generator, p.params), strict=True))
                 if self.episodes is None:
                     progress.tick(len(got))  # episodes tick as each one ends
                 items += got
                 policies += [p.policy] * len(got)
-                self._routes += plan.routes if plan is not None else [None] * len(got)
+                routes += plan.routes if plan is not None else [None] * len(got)
         if self.mixture is not None:  # mixed groups: fixed samples join their task's actor group
             items = self.mixture.join_groups(parts, items)
-        return items, policies
+        return items, policies, routes
 
     def _rollout_parts(
         self, step: int, tasks: list[Task], generator: Any
     ) -> AbstractContextManager[list[RolloutPart]]:
         """The tasks by the policy that samples them: all the actor's unless a mixture is on."""
-        gen = generator or self.generator
         if self.mixture is None:
-            return nullcontext([RolloutPart(ACTOR, tasks, gen, self.sampling)])
-        return self.mixture.rollout_parts(step, tasks, gen, self.sampling)
+            return nullcontext([RolloutPart(ACTOR, tasks, generator, self.sampling)])
+        return self.mixture.rollout_parts(step, tasks, generator, self.sampling)
 
-    def _mixture_metrics(self, step: int, batch: Batch) -> dict[str, float]:
-        """rollout/policy_choice, using_actor/using_fixed and rewards by policy (mixture only),
-        over real rows: rolled-back negatives are not samples of any policy's episodes."""
-        if self.mixture is None:
-            return {}
-        real = [i for i in range(batch.size) if not (batch.is_negative and batch.is_negative[i])]
-        scores = batch.scores_B.tolist()
-        return self.mixture.rollout_metrics(
-            step, [batch.policies[i] for i in real], [scores[i] for i in real]
-        )
-
-    def rollout(
-        self, tasks: list[Task], generator: Any = None, params: SamplingParams | None = None
+    def _single_turn(
+        self, tasks: list[Task], generator: Any, params: SamplingParams
     ) -> tuple[list[Completion], list[str], list[Task]]:
         """n completions per task; every completion of a task shares one fresh group uid."""
-        d = self.cfg.data
+        d = self.data
         comps = rollout_tasks(
-            generator or self.generator,
-            self.tokenizer,
-            tasks,
-            params or self.sampling,
-            d.max_prompt_length,
-            d.truncation,
+            generator, self.tokenizer, tasks, params, d.max_prompt_length, d.truncation
         )
         group = [uuid.uuid4().hex for _ in tasks]
         return comps, [group[c.prompt_index] for c in comps], [tasks[c.prompt_index] for c in comps]
@@ -205,9 +188,30 @@ class RolloutStage:
         for task, comp in zip(owners, completions, strict=True):
             s = score(task, solution_text(self.tokenizer, comp), step, self.flags)
             if not is_finite(s):
-                if self.cfg.reward.nan_policy == "error":
+                if self.reward_cfg.nan_policy == "error":
                     raise NonFiniteReward(f"non-finite reward {s} for task {task.task_id}")
                 bad += 1
                 s = Score(0.0, 0.0, 0.0, 0.0, s.format_ok, s.exact_call)
             scores.append(s)
         return scores, bad
+
+
+def mixture_metrics(mixture: Mixture | None, step: int, batch: Batch) -> dict[str, float]:
+    """rollout/policy_choice, using_actor/using_fixed and rewards by policy (mixture only),
+    over real rows: rolled-back negatives are not samples of any policy's episodes."""
+    if mixture is None:
+        return {}
+    real = [i for i in range(batch.size) if not (batch.is_negative and batch.is_negative[i])]
+    scores = batch.scores_B.tolist()
+    return mixture.rollout_metrics(
+        step, [batch.policies[i] for i in real], [scores[i] for i in real]
+    )
+
+
+def skipped_step(step: int, rolled: Rolled, producer: Any = None) -> dict[str, float]:
+    """The metrics of a step with nothing to train on (every episode failed in its
+    environment, under ``max_env_failure_ratio=1``): no update, the run goes on."""
+    log.warning("step %d: every episode failed in its environment; no update this step", step)
+    if producer is not None:  # the producer counts updates to bound its staleness
+        producer.updated()
+    return {**rolled.metrics, **rolled.timing, "reward/nonfinite": rolled.nonfinite}

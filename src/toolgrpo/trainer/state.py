@@ -18,8 +18,8 @@ import torch
 from safetensors.torch import load_file
 
 from toolgrpo.config.loader import ConfigError
-from toolgrpo.config.schema import as_dict
-from toolgrpo.distributed.fsdp import FsdpOptimizerView, full_optimizer_state, load_full_into
+from toolgrpo.config.schema import TrainConfig, as_dict
+from toolgrpo.distributed.fsdp import FsdpOptimizerView, Ranks, full_optimizer_state, load_full_into
 from toolgrpo.models.identity import BASE_KEY, base_identity, check_base
 from toolgrpo.models.loading import Policy, save_hf_model
 from toolgrpo.models.safe_load import CorruptCheckpoint
@@ -35,17 +35,46 @@ from toolgrpo.trainer.config_diff import check_resume_config, load_optimizer
 from toolgrpo.trainer.resume import announce, pick_checkpoint
 
 if TYPE_CHECKING:
-    from toolgrpo.trainer.trainer import Trainer
+    from toolgrpo.algos import AdaptiveKLController, FixedKLController
+    from toolgrpo.router.runtime import RouterRuntime
+    from toolgrpo.trainer.actor import Actor
+    from toolgrpo.trainer.sampler import TaskSampler
 
 
-def save(trainer: Trainer, step: int) -> Path | None:
-    """Write ``global_step_N`` (rank 0). Sharded, every rank calls it: the optimizer state is
-    gathered whole and stored as one process stores it, so any world size resumes from it."""
-    policy, actor = trainer.policy, trainer.actor
+@dataclass(frozen=True)
+class RunState:
+    """What a checkpoint saves and a resume restores: the run's weights (``policy``, sharded in
+    ``actor`` with fsdp2), optimizer and scheduler, KL coefficient, task order and router, with
+    the config it is checked against and the output directory it lives in."""
+
+    cfg: TrainConfig
+    out: Path
+    ranks: Ranks
+    policy: Policy
+    actor: Actor
+    kl_ctrl: FixedKLController | AdaptiveKLController
+    sampler: TaskSampler
+    router: RouterRuntime | None = None
+
+
+@dataclass
+class Resumed:
+    """Where a resume left the run: the checkpoint's step (0: a fresh start) and the τ of
+    threshold routing it held (None without the router or a calibration)."""
+
+    step: int = 0
+    calibration: Threshold | None = None
+
+
+def save(run: RunState, step: int, calibration: Threshold | None = None) -> Path | None:
+    """Write ``global_step_N`` (rank 0), with ``calibration`` (the last validation's τ) in
+    ``router.pt``. Sharded, every rank calls it: the optimizer state is gathered whole and
+    stored as one process stores it, so any world size resumes from it."""
+    policy, actor = run.policy, run.actor
     full_ft = not policy.is_lora
     if actor.root is not None:
         optimizer_state = full_optimizer_state(actor.root, actor.optimizer)
-        if not trainer.ranks.main:
+        if not run.ranks.main:
             return None
     else:
         optimizer_state = actor.optimizer.state_dict()
@@ -53,42 +82,39 @@ def save(trainer: Trainer, step: int) -> Path | None:
     def payload(d: Path) -> None:
         if policy.is_lora:
             policy.model.save_pretrained(d / "adapter")
-        if full_ft or trainer.cfg.trainer.save_hf_model:
+        if full_ft or run.cfg.trainer.save_hf_model:
             save_hf_model(policy, d / "model")
         save_torch(
             {
                 "optimizer": optimizer_state,
                 "scheduler": actor.scheduler.state_dict(),
                 "value_head": actor.value_head.state_dict() if actor.value_head else None,
-                "kl_coef": trainer.kl_ctrl.value,
+                "kl_coef": run.kl_ctrl.value,
             },
             d / "optimizer.pt",
         )
-        if trainer.router is not None:
-            router = trainer.router.state_dict()
-            if trainer.router_calibration is not None:  # τ of threshold routing (infer, eval)
-                router[THRESHOLD_KEY] = trainer.router_calibration.to_state()
+        if run.router is not None:
+            router = run.router.state_dict()
+            if calibration is not None:  # τ of threshold routing (infer, eval)
+                router[THRESHOLD_KEY] = calibration.to_state()
             save_torch(router, d / ROUTER_FILE)
 
     state = {
         "global_step": step,
-        "sampler": trainer.sampler.state_dict(),
+        "sampler": run.sampler.state_dict(),
         "is_lora": policy.is_lora,
-        "config": as_dict(trainer.cfg),
-        BASE_KEY: current_base(trainer),  # eval, infer and resume refuse another base
+        "config": as_dict(run.cfg),
+        BASE_KEY: current_base(run.cfg, run.policy),  # eval, infer, resume refuse another base
     }
-    return write_checkpoint(
-        trainer.out, step, state, payload, keep=trainer.cfg.trainer.max_checkpoints
-    )
+    return write_checkpoint(run.out, step, state, payload, keep=run.cfg.trainer.max_checkpoints)
 
 
 MODEL_KEY = "actor_rollout_ref.model.path"
 
 
-def current_base(trainer: Trainer) -> dict[str, str]:
+def current_base(cfg: TrainConfig, policy: Policy) -> dict[str, str]:
     """The identity of the base model this run trains (``models/identity.py``)."""
-    path = trainer.cfg.actor_rollout_ref.model.path
-    return base_identity(path, trainer.policy.resolved.hf_dir)
+    return base_identity(cfg.actor_rollout_ref.model.path, policy.resolved.hf_dir)
 
 
 @dataclass
@@ -157,41 +183,42 @@ def read(ckpt: Path) -> Saved:
     return Saved(state, weights, opt, router)
 
 
-def resume(trainer: Trainer) -> int:
+def resume(run: RunState) -> Resumed:
     """Restore the newest intact checkpoint (per ``trainer.resume``) after checking the config
-    against the one it was saved with; returns its step (0: a fresh start)."""
-    ranks = trainer.ranks
+    against the one it was saved with; returns its step (0: a fresh start) and router τ."""
+    ranks = run.ranks
     if not ranks.main:  # sharded: rank 0 picks (it may rename a corrupt one), the rest follow
         picked = ranks.broadcast(None)
         if picked is None:
-            return 0
+            return Resumed()
         ckpt = Path(picked)
         saved = Saved(read_state(ckpt), {}, load_torch(ckpt / "optimizer.pt"), None)
-        apply(trainer, ckpt, saved)
-        return int(saved.state["global_step"])
-    found = pick_checkpoint(trainer.out, trainer.cfg.trainer.resume, read)
+        return Resumed(int(saved.state["global_step"]), apply(run, ckpt, saved))
+    found = pick_checkpoint(run.out, run.cfg.trainer.resume, read)
     ranks.broadcast(None if found is None else str(found[0]))
     if found is None:
-        return 0
+        return Resumed()
     ckpt, saved = found
     step = int(saved.state["global_step"])
-    check_base(ckpt, saved.state.get(BASE_KEY), current_base(trainer), MODEL_KEY)
-    changes = check_resume_config(ckpt, saved.state.get("config"), as_dict(trainer.cfg), step)
-    apply(trainer, ckpt, saved)
+    check_base(ckpt, saved.state.get(BASE_KEY), current_base(run.cfg, run.policy), MODEL_KEY)
+    changes = check_resume_config(ckpt, saved.state.get("config"), as_dict(run.cfg), step)
+    calibration = apply(run, ckpt, saved)
     announce(ckpt, step, changes)
-    return step
+    return Resumed(step, calibration)
 
 
-def apply(trainer: Trainer, ckpt: Path, saved: Saved) -> None:
-    """Weights, optimizer (with the config's hyperparameters), sampler, KL and router state."""
-    policy, actor, opt = trainer.policy, trainer.actor, saved.opt
+def apply(run: RunState, ckpt: Path, saved: Saved) -> Threshold | None:
+    """Weights, optimizer (with the config's hyperparameters), sampler, KL and router state;
+    returns the router's saved τ (None without the router or a calibration)."""
+    policy, actor, opt = run.policy, run.actor, saved.opt
     optimizer: Any = actor.optimizer
-    if trainer.ranks.main:
+    calibration = None
+    if run.ranks.main:
         check_lora(ckpt, saved.state["is_lora"], policy)
         apply_weights(policy, saved.weights, ckpt)
     if actor.root is not None:  # sharded: rank 0's whole weights into every rank's shards
         trainable = {}
-        if trainer.ranks.main:
+        if run.ranks.main:
             named = policy.model.named_parameters()
             trainable = {n: p.detach() for n, p in named if p.requires_grad}
         load_full_into(actor.root, trainable)
@@ -200,10 +227,11 @@ def apply(trainer: Trainer, ckpt: Path, saved: Saved) -> None:
     if actor.value_head is not None and opt.get("value_head") is not None:
         actor.value_head.load_state_dict(opt["value_head"])
     # An adaptive coefficient is state; a fixed one is config (a changed kl_coef applies).
-    if hasattr(trainer.kl_ctrl, "target") and opt.get("kl_coef") is not None:
-        trainer.kl_ctrl.value = float(opt["kl_coef"])
-    if trainer.router is not None and saved.router is not None:
+    if hasattr(run.kl_ctrl, "target") and opt.get("kl_coef") is not None:
+        run.kl_ctrl.value = float(opt["kl_coef"])
+    if run.router is not None and saved.router is not None:
         # head, λ, dual window; refused when this run's route prompts differ from the saved ones
-        trainer.router.load_state_dict(saved.router, str(ckpt / ROUTER_FILE))
-        trainer.router_calibration = Threshold.from_state(saved.router.get(THRESHOLD_KEY))
-    trainer.sampler.load_state_dict(saved.state["sampler"])
+        run.router.load_state_dict(saved.router, str(ckpt / ROUTER_FILE))
+        calibration = Threshold.from_state(saved.router.get(THRESHOLD_KEY))
+    run.sampler.load_state_dict(saved.state["sampler"])
+    return calibration

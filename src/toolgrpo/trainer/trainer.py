@@ -15,14 +15,7 @@ from typing import Any
 import torch
 
 from toolgrpo import progress
-from toolgrpo.algos import (
-    apply_kl_in_reward,
-    compute_advantages,
-    get_kl_controller,
-    kl_penalty,
-    token_level_rewards,
-)
-from toolgrpo.algos.utils import masked_mean
+from toolgrpo.algos import get_kl_controller
 from toolgrpo.config.loader import ConfigError
 from toolgrpo.config.schema import TrainConfig, as_dict, data_seed
 from toolgrpo.config.validate import validate_train_config
@@ -43,26 +36,26 @@ from toolgrpo.rollout.prompts import filter_overlong, refuse_split_routes
 from toolgrpo.router.calibrate import Threshold
 from toolgrpo.router.runtime import RouterRuntime
 from toolgrpo.run_log import RunLog
-from toolgrpo.trainer import rollout_correction
+from toolgrpo.trainer import advantage_stage
 from toolgrpo.trainer import state as ckpt_state
 from toolgrpo.trainer.actor import Actor
 from toolgrpo.trainer.batch import Batch
 from toolgrpo.trainer.episodes import EpisodeRunner, make_router, mask_truncated_rows
-from toolgrpo.trainer.metrics import NoSignalWatch, batch_metrics, negative_metrics
+from toolgrpo.trainer.metrics import NoSignalWatch, batch_metrics
 from toolgrpo.trainer.parallel import actor_policy, open_tracker, push_weights
 from toolgrpo.trainer.replay import AsyncRollout
 from toolgrpo.trainer.resume import prepare_output_dir
 from toolgrpo.trainer.rollout_dump import make_dumper
-from toolgrpo.trainer.rollout_stage import Rolled, RolloutStage
+from toolgrpo.trainer.rollout_stage import Rolled, RolloutStage, skipped_step
 from toolgrpo.trainer.run_lock import RunLock
 from toolgrpo.trainer.sampler import TaskSampler
-from toolgrpo.trainer.summary import summary_lines
-from toolgrpo.trainer.validation import validate
+from toolgrpo.trainer.summary import startup_lines, summary_lines
+from toolgrpo.trainer.validation import ValSetup, validate
 
 log = logging.getLogger(__name__)
 
 
-class Trainer(RolloutStage):
+class Trainer:
     def __init__(self, cfg: TrainConfig) -> None:
         load_run_plugins(cfg)  # users' env types (trainer.imports, entry points) before checks
         validate_train_config(cfg)
@@ -115,7 +108,7 @@ class Trainer(RolloutStage):
             self.pool = RolloutPool(cfg)
         if main:
             self.generator = self.pool.generator if self.pool else make_generator(cfg, self.policy)
-        self.sampling = SamplingParams(
+        sampling = SamplingParams(
             n=r.n,
             temperature=r.temperature,
             top_p=r.top_p,
@@ -125,7 +118,6 @@ class Trainer(RolloutStage):
         )
         # A fixed policy sharing rollout duty (issue #5), off unless rollout_only.model_path is set.
         self.mixture = Mixture(cfg, self.tokenizer) if cfg.rollout_only.model_path else None
-        self.dumper = make_dumper(cfg.trainer)  # trainer.rollout_data_dir (verl's key)
         self.total_steps = cfg.trainer.total_training_steps
         self.actor = Actor(actor_policy(self.policy, self.ranks), cfg, self.total_steps, self.ranks)
         kc = cfg.algorithm.kl_ctrl
@@ -155,9 +147,22 @@ class Trainer(RolloutStage):
         self._val_tasks: list[Task] | None = None
         # τ of threshold routing, calibrated by the last validation; saved in router.pt
         self.router_calibration: Threshold | None = None
+        self.rollouts = RolloutStage(
+            cfg.data,
+            cfg.reward,
+            r.multi_turn,
+            cfg.trainer.seed,
+            self.tokenizer,
+            sampling,
+            self.flags,
+            self.mixture,
+            self.episodes,
+            self.router,
+            make_dumper(cfg.trainer),  # trainer.rollout_data_dir (verl's key)
+        )
         self.step = 0
         self._resume()
-        push_weights(self, self.step)
+        self._push_weights(self.step)
 
     def _load(self, files: list[str], max_samples: int = -1) -> list[Task]:
         d = self.cfg.data
@@ -182,7 +187,9 @@ class Trainer(RolloutStage):
     def fit(self) -> list[dict[str, Any]]:
         t = self.cfg.trainer
         main = self.ranks.main
-        tracker = open_tracker(self)  # rank 0's; with fsdp2 other ranks log nothing
+        # rank 0's; with fsdp2 other ranks log nothing
+        lines = startup_lines(self) if main else ()
+        tracker = open_tracker(self.ranks, self.cfg, self.out, self.total_steps, self.step, lines)
         history = []
         watch = NoSignalWatch(t.warn_no_signal_steps, self.cfg.algorithm.adv_estimator != "gae")
         producer = self._start_async() if self.cfg.async_training.enable else None
@@ -229,7 +236,7 @@ class Trainer(RolloutStage):
             rolled.metrics["async/dropped_stale"] = float(producer.buffer.dropped)
         batch, timing = rolled.batch, dict(rolled.timing)
         if batch is None:  # every episode failed in its environment
-            return self.skipped_step(step, rolled, producer)
+            return skipped_step(step, rolled, producer)
 
         lm = self.router is None or not self.router.freeze_lm  # router-only runs skip the LM
         t0 = time.time()
@@ -247,7 +254,7 @@ class Trainer(RolloutStage):
         elif producer is None:
             actor_metrics = self.actor.update(batch)
             t1 = time.time()  # backends with their own copy of the weights get the new ones
-            push_weights(self, step)
+            self._push_weights(step)
             timing["timing/weight_sync_s"] = time.time() - t1
         else:
             with producer.lock:  # the rollout thread copies weights only between updates
@@ -285,88 +292,35 @@ class Trainer(RolloutStage):
         return producer
 
     # ---- stages --------------------------------------------------------------------------------
+    def produce(self, step: int, indices: list[int], generator: Any = None) -> Rolled:
+        """Rollout and reward for the tasks at ``indices`` (trainer/rollout_stage.py)."""
+        tasks = [self.tasks[i] for i in indices]
+        return self.rollouts.produce(step, tasks, generator or self.generator, self.step)
+
     def prepare_old_and_ref(self, batch: Batch, behaviour: bool = False) -> dict[str, float]:
-        """PPO's old log-probs (``trainer/rollout_correction.py``: the sampler's in bypass mode
-        and for asynchronous batches, else the trainer's, read off the update's own pass when
-        that is exact, else recomputed here), reference log-probs when KL is on, and values
-        for GAE. ``batch.old_source`` says which; the update measures the mismatch unless it
-        was measured here."""
-        gae = self.cfg.algorithm.adv_estimator == "gae"
-        source = rollout_correction.old_logprob_source(
-            self.cfg, behaviour, self.mixture is not None
-        )
-        batch.old_source = source
-        metrics: dict[str, float] = {
-            "actor/old_logprob_reused": float(source == "rollout"),
-            "actor/old_logprob_in_update": float(source == "update"),
-        }
-        if source == "trainer":
-            batch.old_logprobs_BR, batch.old_values_BR = self.actor.compute_logprobs(
-                batch, with_values=gae
-            )
-            metrics.update(rollout_correction.measure(self.cfg, batch.old_logprobs_BR, batch))
-        else:
-            # "update": None tells the actor to take π_old from its own first pass
-            batch.old_logprobs_BR = batch.rollout_logprobs_BR if source == "rollout" else None
-            if gae:
-                _, batch.old_values_BR = self.actor.compute_logprobs(batch, with_values=True)
-        if self.mixture is not None:  # fixed-policy rows: the IS denominator is their sampler
-            recomputed = source == "trainer"
-            metrics.update(self.mixture.correct(batch, self.actor, recomputed=recomputed))
-        if source == "trainer":  # the actor's rows: min(π_old/π_rollout, C)
-            rollout_correction.weight_actor_rows(self.cfg, batch)
-        if self.actor.needs_ref:
-            a = self.cfg.actor_rollout_ref.actor
-            batch.ref_logprobs_BR, _ = self.actor.compute_logprobs(batch, reference=True)
-            # the metric only: with π_old still to come from the update, the sampler's stand in
-            old = batch.old_logprobs_BR if source != "update" else batch.rollout_logprobs_BR
-            kl = kl_penalty(old, batch.ref_logprobs_BR, a.kl_loss_type)
-            metrics["actor/kl"] = float(masked_mean(kl, batch.response_mask_BR))
-        else:
-            metrics["actor/kl"] = 0.0  # no reference policy: KL is off
-        return metrics
+        """Old and reference log-probs, values for GAE (trainer/advantage_stage.py)."""
+        cfg, mixture = self.cfg, self.mixture
+        return advantage_stage.prepare_old_and_ref(batch, cfg, self.actor, mixture, behaviour)
 
     def compute_advantages(self, batch: Batch) -> dict[str, float]:
+        """Token rewards and advantages (trainer/advantage_stage.py)."""
         alg = self.cfg.algorithm
-        rt = getattr(self, "router", None)  # lm_reward=lagrangian: the LM pays λ·cost too
-        scores_B = rt.lm_scores(batch.scores_B) if rt is not None else batch.scores_B
-        token_rewards = token_level_rewards(scores_B, batch.response_mask_BR)
-        metrics: dict[str, float] = {}
-        if alg.use_kl_in_reward:
-            token_rewards, kl = apply_kl_in_reward(
-                token_rewards,
-                batch.old_logprobs_BR,
-                batch.ref_logprobs_BR,
-                batch.response_mask_BR,
-                self.kl_ctrl.value,
-                alg.kl_penalty,
-            )
-            metrics["actor/reward_kl_penalty_coeff"] = self.kl_ctrl.value
-            self.kl_ctrl.update(kl, batch.size)
-        batch.advantages_BR, batch.returns_BR = compute_advantages(
-            alg.adv_estimator,
-            scores_B=token_rewards.sum(-1),
-            response_mask_BT=batch.response_mask_BR,
-            uids=batch.uids,
-            token_rewards_BT=token_rewards,
-            values_BT=batch.old_values_BR,
-            gamma=alg.gamma,
-            lam=alg.lam,
-            norm_adv_by_std_in_grpo=alg.norm_adv_by_std_in_grpo,
-            is_negative_B=batch.is_negative,  # rolled-back attempts stay out of the baselines
-        )
-        if rt is not None:  # router.lagrangian=price|advantage: A − λ·cost term
-            metrics.update(rt.lm_advantages(batch))
-        metrics.update(negative_metrics(batch))
-        return metrics
+        return advantage_stage.compute_advantages(batch, alg, self.kl_ctrl, self.router)
 
     def validate(self, step: int) -> dict[str, float]:
         """Same tasks and settings as ``toolgrpo eval`` (trainer/validation.py)."""
         if self._val_tasks is None:
             self._val_tasks = self._read_val()
-        total = len(self._val_tasks) * val_sampling_params(self.cfg).n
+        params, d, seed = val_sampling_params(self.cfg), self.cfg.data, self.cfg.trainer.seed
+        on = ValSetup(
+            self.generator, self.tokenizer, params, d, self.flags, seed, self.episodes, self.router
+        )
+        total = len(self._val_tasks) * params.n
         with progress.phase("validation", total, "episodes" if self.episodes else "samples"):
-            return validate(self, self._val_tasks, step)
+            res = validate(on, self._val_tasks, step, self.step)
+        if res.routed:  # τ for threshold routing, saved with the next checkpoint
+            self.router_calibration = res.calibrated
+        return res.metrics
 
     def _read_val(self) -> list[Task]:
         d = self.cfg.data
@@ -387,10 +341,27 @@ class Trainer(RolloutStage):
         if getattr(self, "run_log", None) is not None:
             self.run_log.close()
 
-    # ---- checkpoints ---------------------------------------------------------------------------
+    # ---- checkpoints and weights -------------------------------------------------------------
+    def _run_state(self) -> ckpt_state.RunState:
+        return ckpt_state.RunState(
+            self.cfg,
+            self.out,
+            self.ranks,
+            self.policy,
+            self.actor,
+            self.kl_ctrl,
+            self.sampler,
+            self.router,
+        )
+
     def save_checkpoint(self) -> Path | None:
-        return ckpt_state.save(self, self.step)
+        return ckpt_state.save(self._run_state(), self.step, self.router_calibration)
 
     def _resume(self) -> None:
         # The newest intact checkpoint, config changes checked; announced on the console.
-        self.step = ckpt_state.resume(self)
+        resumed = ckpt_state.resume(self._run_state())
+        self.step, self.router_calibration = resumed.step, resumed.calibration
+
+    def _push_weights(self, version: int) -> None:
+        backend = self.pool or self.generator  # Ray workers or vLLM hold their own copy
+        push_weights(self.actor, self.policy, self.ranks, backend, version)

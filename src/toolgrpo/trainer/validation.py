@@ -1,25 +1,30 @@
 """In-training validation (``trainer.test_freq``): the same tasks, settings and summaries as
 ``toolgrpo eval`` (long prompts truncated, not dropped). With the router on, routed evaluation
 (``eval.routed``): the sampled, argmax and threshold policies and the fixed-route baselines. It
-also calibrates τ on the validation tasks for the current head; the trainer keeps it
-(``Trainer.router_calibration``) and the next checkpoint stores it in ``router.pt``."""
+also calibrates τ on the validation tasks for the current head (``Validated.calibrated``); the
+trainer keeps it and the next checkpoint stores it in ``router.pt``."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from toolgrpo.config.schema import DataConfig
 from toolgrpo.data.task import Task
 from toolgrpo.eval.episodes import summarize_episodes, summary_metrics
-from toolgrpo.eval.evaluate import evaluate, val_sampling_params
+from toolgrpo.eval.evaluate import evaluate
 from toolgrpo.eval.routed import RoutedSetup, play_routed, routed_metrics
+from toolgrpo.rewards.types import RllaFlags
+from toolgrpo.rollout.generator import SamplingParams
+from toolgrpo.router.calibrate import Threshold
 from toolgrpo.router.runtime import RouteCondition
 from toolgrpo.trainer.episode_metrics import episode_metrics
 from toolgrpo.trainer.episodes import warn_env_failures
 
 if TYPE_CHECKING:
     from toolgrpo.router.runtime import RouterRuntime
-    from toolgrpo.trainer.trainer import Trainer
+    from toolgrpo.trainer.episodes import EpisodeRunner
 
 
 def runtime_setup(rt: RouterRuntime, envs: Any, seed: int = 0, step: int = -1) -> RoutedSetup:
@@ -38,33 +43,57 @@ def runtime_setup(rt: RouterRuntime, envs: Any, seed: int = 0, step: int = -1) -
     )
 
 
-def validate(trainer: Trainer, tasks: Sequence[Task], step: int) -> dict[str, float]:
-    """``val/...`` metrics of one validation pass."""
-    cfg, d = trainer.cfg, trainer.cfg.data
-    if trainer.episodes is None:
+@dataclass(frozen=True)
+class ValSetup:
+    """What a validation pass plays with: the trainer's generator (single-turn) or environments
+    (``episodes``), its router, and the config's validation settings."""
+
+    generator: Any
+    tokenizer: Any
+    params: SamplingParams  # val_sampling_params: actor_rollout_ref.rollout.val_kwargs
+    data: DataConfig  # max_prompt_length, val_batch_size
+    flags: RllaFlags
+    seed: int  # trainer.seed: the routed evaluation's route draws
+    episodes: EpisodeRunner | None = None
+    router: RouterRuntime | None = None
+
+
+@dataclass
+class Validated:
+    """One validation pass: its ``val/...`` metrics and, when it was a routed evaluation
+    (router and environments on), the τ of threshold routing calibrated for the current head
+    (None where it could not be: no ANSWER route or budget)."""
+
+    metrics: dict[str, float]
+    routed: bool = False
+    calibrated: Threshold | None = None
+
+
+def validate(val: ValSetup, tasks: Sequence[Task], step: int, version: int) -> Validated:
+    """``val/...`` metrics of one validation pass at ``step``, played by policy ``version``."""
+    d = val.data
+    if val.episodes is None:
         res = evaluate(
-            trainer.generator,
-            trainer.tokenizer,
+            val.generator,
+            val.tokenizer,
             tasks,
-            val_sampling_params(cfg),
+            val.params,
             d.max_prompt_length,
             step,
-            trainer.flags,
+            val.flags,
             batch_size=d.val_batch_size,
         )
-        return res.metrics("val")
-    runner = trainer.episodes
-    params = val_sampling_params(cfg)
+        return Validated(res.metrics("val"))
+    runner, params = val.episodes, val.params
 
     def play(ts: Sequence[Task], conds: Any = None) -> list:
-        return runner.play(ts, params, step, trainer.step, rollback=False, conditions=conds)
+        return runner.play(ts, params, step, version, rollback=False, conditions=conds)
 
-    routes, extra = None, {}
-    if trainer.router is not None:  # routed, as toolgrpo eval plays it
-        setup = runtime_setup(trainer.router, runner.router, cfg.trainer.seed, step)
+    routes, extra, run = None, {}, None
+    if val.router is not None:  # routed, as toolgrpo eval plays it
+        setup = runtime_setup(val.router, runner.router, val.seed, step)
         run = play_routed(setup, tasks, params.n, d.max_prompt_length, play)
         eps, routes, extra = run.episodes, run.routes, routed_metrics(run.report, "val")
-        trainer.router_calibration = run.calibrated
     else:
         eps = play(tasks)
     warn_env_failures([e for e in eps if e.env_failure], runner.router, step)
@@ -72,4 +101,6 @@ def validate(trainer: Trainer, tasks: Sequence[Task], step: int) -> dict[str, fl
     # Per task type, exactly as ``toolgrpo eval`` reports them (eval/episodes.py).
     metrics.update(summary_metrics(summarize_episodes(eps, routes=routes), "val"))
     metrics.update(extra)
-    return metrics
+    if run is None:
+        return Validated(metrics)
+    return Validated(metrics, routed=True, calibrated=run.calibrated)
