@@ -40,6 +40,7 @@ from toolgrpo.rollout.turns import (
     tool_message,
     turn_calls,
 )
+from toolgrpo.tools.executor import expecting
 
 log = logging.getLogger(__name__)
 
@@ -155,8 +156,9 @@ async def play_task(
         else:
             t0 = time.perf_counter()
             refuse = getattr(condition, "refuse", None)
-            try:
-                results = await clock.call("step", run_calls, env, calls, refuse)
+            try:  # a parse error shows the call in the episode's format
+                with expecting(get_format(limits.tool_format).example):
+                    results = await clock.call("step", run_calls, env, calls, refuse)
             except Exception as exc:  # the contract says step never raises; hold it to that
                 env.fatal_error = failure_reason("step", exc)
                 results = []

@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from toolgrpo.tools.executor import EXPECTED_FORMAT
 from toolgrpo.tools.parser import CLOSE_TAG, parse_tool_calls, strip_tool_calls
 from toolgrpo.tools.parser import _json_error as json_error
 from toolgrpo.tools.parser import _to_call as call_of_json  # one JSON → ToolCall rule for all
@@ -50,6 +51,9 @@ class ToolFormat:
     # A turn cut at its token cap: the text up to its last complete call. None: every call the
     # parser reads runs except a trailing unreadable one (where the cap fell).
     closed_prefix: Callable[[str], str] | None = None
+    # One call in this format, on one line: what a parse error tells the model to write
+    # (``tools.executor.expecting``); hermes's is the executor's long-standing text.
+    example: str = EXPECTED_FORMAT
 
     def turn_calls(self, text: str, cut: bool) -> list[ToolCall]:
         """The calls a turn makes; a cut turn runs the calls it completed before the cap."""
@@ -147,10 +151,15 @@ def _hermes_closed(text: str) -> str:
     return text[: end + len(CLOSE_TAG)] if end >= 0 else ""
 
 
+_EXAMPLE_LLAMA3 = '{"name": "<tool name>", "parameters": {<JSON object>}}'
+_EXAMPLE_MISTRAL = '[TOOL_CALLS] [{"name": "<tool name>", "arguments": {<JSON object>}}]'
+
 FORMATS: dict[str, ToolFormat] = {
     "hermes": ToolFormat("hermes", parse_hermes, _HOW_TO_CALL_HERMES, _hermes_closed),
-    "llama3_json": ToolFormat("llama3_json", parse_llama3_json, _HOW_TO_CALL_LLAMA3),
-    "mistral": ToolFormat("mistral", parse_mistral, _HOW_TO_CALL_MISTRAL),
+    "llama3_json": ToolFormat(
+        "llama3_json", parse_llama3_json, _HOW_TO_CALL_LLAMA3, example=_EXAMPLE_LLAMA3
+    ),
+    "mistral": ToolFormat("mistral", parse_mistral, _HOW_TO_CALL_MISTRAL, example=_EXAMPLE_MISTRAL),
 }
 
 

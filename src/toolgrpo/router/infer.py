@@ -56,6 +56,7 @@ def load_router(cfg: Any, lm: Any, checkpoint: str | None) -> tuple[RouterPolicy
             lr=1.0,
             feature_layer=int(meta.get("feature_layer", -1)),
             inputs=str(meta.get("inputs", "question")),  # heads before router.inputs read that
+            tool_format=str(meta.get("tool_format", "hermes")),  # the openings it was trained on
         )
         router.load_state_dict(state)
         return router, False
@@ -70,6 +71,7 @@ def load_router(cfg: Any, lm: Any, checkpoint: str | None) -> tuple[RouterPolicy
         lr=1.0,
         feature_layer=rc.feature_layer,
         inputs=rc.inputs,
+        tool_format=cfg.actor_rollout_ref.rollout.multi_turn.format,
     )
     return fresh, True
 

@@ -32,12 +32,16 @@ class RouterPolicy:
         actor_scheduler: Any = None,
         feature_layer: int = -1,
         inputs: str = "opening",
+        tool_format: str = "hermes",
     ) -> None:
         self.lm = lm
         self.routes = [r.upper() for r in routes]
         self.pooling = pooling
         self.feature_layer = feature_layer
         self.inputs = inputs  # what the prompts given to ``features`` are (router.inputs)
+        # The episodes' tool-call format (multi_turn.format): openings list tools with its
+        # calling instructions, as the model sees them.
+        self.tool_format = tool_format
         # Tasks → the prompt ids the head reads (``router.inputs.RouterInputs``); set by whoever
         # knows the environments (the trainer, ``toolgrpo eval``).
         self.prompt_source: Callable[[Sequence[Task]], list[list[int]]] | None = None
@@ -69,6 +73,8 @@ class RouterPolicy:
             "inputs": self.inputs,
             "hidden_size": h.hidden_size,
             "head_hidden": h.mlp_hidden,
+            # recorded only when not the default, so hermes heads' meta is what it always was
+            **({"tool_format": self.tool_format} if self.tool_format != "hermes" else {}),
         }
 
     def features_of(self, tasks: Sequence[Task], max_prompt_length: int = 10**9) -> torch.Tensor:
@@ -85,7 +91,9 @@ class RouterPolicy:
         """Read tasks as this head was trained to (``inputs``): the environments' openings."""
         from toolgrpo.router.inputs import RouterInputs
 
-        self.prompt_source = RouterInputs(self.lm.tokenizer, max_prompt_length, envs, self.inputs)
+        self.prompt_source = RouterInputs(
+            self.lm.tokenizer, max_prompt_length, envs, self.inputs, self.tool_format
+        )
 
     def features(self, prompts: Sequence[Sequence[int]]) -> torch.Tensor:
         pad = self.lm.tokenizer.pad_token_id
@@ -146,6 +154,12 @@ class RouterPolicy:
                 raise ValueError(
                     f"the checkpoint's router head has {key}={meta[key]!r}, this run {mine[key]!r}"
                 )
+        fmt = meta.get("tool_format", "hermes")  # heads before it read hermes openings
+        if fmt != self.tool_format:
+            raise ValueError(
+                f"the checkpoint's router head read tool_format={fmt!r} openings, this run "
+                f"{self.tool_format!r} (actor_rollout_ref.rollout.multi_turn.format)"
+            )
         self.head.load_state_dict(state["head"])
         if state.get("optimizer") is not None and not self.shared:
             lrs = [g["lr"] for g in self.optimizer.param_groups]  # router.lr as configured now

@@ -5,7 +5,8 @@ the same parser the episode loop uses, and run by the environment itself; its re
 ``tool`` message, and the episode ends with the final answer, which the environment's own reward
 must score as full marks. Rows keep the opening messages before tool rendering plus the ``tools``
 specs, so ``sft.data`` renders them exactly as ``rollout.render.with_tools`` does for the model at
-hand.
+hand. Turns are the episode loop's messages (``rollout.turns``): the text as written plus the
+structured ``tool_calls``, and tool results naming the call they answer (``tool_call_id``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 from toolgrpo.data.loader import embedded_path, prompt_key, read_rows
 from toolgrpo.data.task import Task
 from toolgrpo.envs.base import Env, EnvStart, Transcript
+from toolgrpo.rollout.turns import assistant_message, result_call_ids
 from toolgrpo.tools.parser import parse_tool_calls
 from toolgrpo.tools.types import ToolResult
 
@@ -92,14 +94,22 @@ async def play_gold(
             raise GoldError(f"turn {n}: {bad[0].error_type}: {bad[0].text[:200]}")
         if check is not None and not check(n, results):
             raise GoldError(f"turn {n}: the results miss what the next step needs")
-        messages.append({"role": "assistant", "content": text})
-        messages.extend({"role": "tool", "name": r.name, "content": r.text} for r in results)
+        turn_message = assistant_message(text, parsed, messages)
+        messages.append(turn_message)
+        ids = result_call_ids(turn_message.get("tool_calls") or [], parsed, results)
+        messages.extend(_tool_message(r, i) for r, i in zip(results, ids, strict=True))
         all_results.append(results)
     messages.append({"role": "assistant", "content": answer_text(answer)})
     r = await env.reward(Transcript(list(messages), "", "answer", len(turns) + 1))
     if not r.score >= full_marks:
         raise GoldError(f"reward {r.score} < {full_marks} for answer {answer!r}")
     return GoldEpisode(messages, [dict(s) for s in start.tools], float(r.score), all_results)
+
+
+def _tool_message(r: ToolResult, call_id: str) -> dict[str, Any]:
+    """A result as the episode loop's tool message (``rollout.turns.tool_message``), whole."""
+    msg = {"role": "tool", "name": r.name, "content": r.text}
+    return {**msg, "tool_call_id": call_id} if call_id else msg
 
 
 def agent_row(task: Task, ep: GoldEpisode, route: str | None) -> dict[str, Any]:

@@ -5,6 +5,9 @@ prompt) and through it; the span is the difference, up to and including its end-
 The embedded RLLA test split is refused wherever it appears. Message rows may carry ``tools``
 (OpenAI specs, as the agent episodes of ``sft.agent`` do): they are rendered like an episode's
 opening prompt (``rollout.render.with_tools``), so tool specs reach the model exactly as in RL.
+Messages go through ``rollout.render.chat_view``: a template that renders structured
+``tool_calls`` writes each call once (from the structure), one that ignores them (SmolLM2's
+ChatML) gets the turn as written, so its ids are those of the plain messages.
 """
 
 from __future__ import annotations
@@ -23,7 +26,8 @@ from toolgrpo.data.loader import (
 )
 from toolgrpo.data.loader import load_tasks as load_rl_tasks
 from toolgrpo.data.task import ROLES
-from toolgrpo.rollout.render import with_tools
+from toolgrpo.rollout.render import chat_view, with_tools
+from toolgrpo.rollout.tool_parsers import get_format
 from toolgrpo.sft.agent import env_test_prompts
 
 log = logging.getLogger(__name__)
@@ -54,12 +58,15 @@ def tokenize_conversation(
     messages: Sequence[dict[str, Any]],
     end_ids: set[int],
     tools: Sequence[dict[str, Any]] | None = None,
+    tool_format: str = "hermes",
 ) -> tuple[list[int], list[int]]:
     """Token ids of the whole conversation and a mask that is 1 on assistant tokens; with
-    ``tools``, the specs are rendered as an episode's opening prompt renders them."""
+    ``tools``, the specs are rendered as an episode's opening prompt renders them. Assistant
+    turns write their calls in ``tool_format`` (``rollout.tool_parsers``)."""
     spec: list[dict[str, Any]] | None = None
+    messages = chat_view(tokenizer, messages, tool_format)
     if tools:
-        messages, spec = with_tools(tokenizer, messages, tools)
+        messages, spec = with_tools(tokenizer, messages, tools, tool_format)
     full = _ids(tokenizer, messages, False, spec)
     mask = [0] * len(full)
     for i, m in enumerate(messages):
@@ -143,16 +150,24 @@ def build_examples(
     max_length: int,
     end_ids: set[int],
     max_samples: int = -1,
+    tool_format: str = "hermes",
 ) -> tuple[list[SFTExample], int]:
-    """Tokenised examples and how many were dropped for exceeding ``max_length``."""
+    """Tokenised examples and how many were dropped for exceeding ``max_length``; the rows'
+    assistant turns write tool calls in ``tool_format`` (``toolgrpo sft`` uses hermes)."""
+    try:
+        get_format(tool_format)
+    except ValueError as e:
+        raise DataError(str(e)) from None
     examples, too_long = [], 0
     for spec in specs:
         if spec == "rlla:test":
             raise DataError("rlla:test is the held-out RLLA test split; refusing to train on it")
+        if spec in EMBEDDED and tool_format != "hermes":
+            raise DataError(f"{spec} writes its tool calls as hermes blocks, not {tool_format}")
         for messages, source, tools in _conversations(spec, target):
             refuse_test_split(messages, source)
             try:
-                ids, mask = tokenize_conversation(tokenizer, messages, end_ids, tools)
+                ids, mask = tokenize_conversation(tokenizer, messages, end_ids, tools, tool_format)
             except (ValueError, KeyError, TypeError) as e:
                 raise DataError(f"{source}: {e}") from e
             if len(ids) > max_length:

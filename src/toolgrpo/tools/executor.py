@@ -11,7 +11,9 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import replace
 from typing import Any, Protocol
 
@@ -27,6 +29,10 @@ from toolgrpo.tools.types import ToolCall, ToolResult
 log = logging.getLogger(__name__)
 
 EXPECTED_FORMAT = '<tool_call>{"name": "<tool name>", "arguments": {<JSON object>}}</tool_call>'
+# The call a parse error shows as the format to use: the episode's tool-call format
+# (``rollout.tool_parsers``), set around ``Env.step`` by the episode loop (``expecting``), so it
+# reaches this executor through any environment without a parameter; hermes's by default.
+_EXPECTED: ContextVar[str] = ContextVar("toolgrpo_expected_call", default=EXPECTED_FORMAT)
 TRUNCATE_SIDES = ("right", "left", "middle")
 _MAX_MESSAGE_CHARS = 500
 _WARNED_ABANDONED: set[str] = set()  # thread tools already warned about, once per process
@@ -147,8 +153,19 @@ def _parse_message(call: ToolCall) -> str:
     shown = raw if len(raw) <= 200 else raw[:200] + "..."
     return (
         f"Error: could not parse tool call: {call.parse_error}. Got: {shown!r}. "
-        f"Expected format: {EXPECTED_FORMAT}"
+        f"Expected format: {_EXPECTED.get()}"
     )
+
+
+@contextmanager
+def expecting(example: str) -> Iterator[None]:
+    """Parse errors inside the block show ``example`` (a format's one-line call,
+    ``ToolFormat.example``) as the format to use; tasks and threads started inside inherit it."""
+    token = _EXPECTED.set(example)
+    try:
+        yield
+    finally:
+        _EXPECTED.reset(token)
 
 
 def _unknown_message(name: str, tools: Mapping[str, Tool]) -> str:
