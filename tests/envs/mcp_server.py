@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 
@@ -22,6 +23,19 @@ def bump() -> str:
     """Count calls in this server process (state the trainer cannot snapshot)."""
     counter["n"] += 1
     return str(counter["n"])
+
+
+@srv.tool()
+def reset() -> str:
+    """Forget this process's state between episodes (the pool calls it; the model never sees it)."""
+    counter["n"] = 0
+    return "ok"
+
+
+@srv.tool()
+def pid() -> str:
+    """This server's process id (tells a reused server from a new one)."""
+    return str(os.getpid())
 
 
 @srv.tool()

@@ -1,5 +1,7 @@
 """A small OpenEnv environment server for the ``openenv`` environment's tests (127.0.0.1 only):
-``add`` answers, ``submit`` ends the episode with reward 1 for the right answer."""
+``add`` answers, ``submit`` ends the episode with reward 1 for the right answer. OpenEnv's
+default session limit (``max_concurrent_envs`` 1) unless a second argument gives one; with
+``text`` instead, an echo environment whose actions are text, not MCP tool calls."""
 
 from __future__ import annotations
 
@@ -8,12 +10,15 @@ import sys
 import uvicorn
 from fastmcp import FastMCP
 from openenv.core.env_server.http_server import create_app
+from openenv.core.env_server.interfaces import Environment
 from openenv.core.env_server.mcp_environment import MCPEnvironment
 from openenv.core.env_server.mcp_types import CallToolAction, CallToolObservation
-from openenv.core.env_server.types import Observation, State
+from openenv.core.env_server.types import Action, Observation, State
 
 
 class AddEnv(MCPEnvironment):
+    SUPPORTS_CONCURRENT_SESSIONS = True  # each session its own instance (for a raised limit)
+
     def __init__(self) -> None:
         mcp = FastMCP("add-env")
 
@@ -56,6 +61,34 @@ class AddEnv(MCPEnvironment):
         return self._state
 
 
+class TextAction(Action):
+    message: str
+
+
+class TextObservation(Observation):
+    echoed: str = ""
+
+
+class EchoEnv(Environment):
+    """Text in, text out: no MCP tools."""
+
+    def reset(self, seed=None, episode_id=None, **kwargs) -> TextObservation:
+        return TextObservation(done=False, reward=0.0)
+
+    def step(self, action, timeout_s=None, **kwargs) -> TextObservation:
+        return TextObservation(echoed=action.message, done=False, reward=0.0)
+
+    @property
+    def state(self) -> State:
+        return State(episode_id="e", step_count=0)
+
+
 if __name__ == "__main__":
-    app = create_app(AddEnv, CallToolAction, CallToolObservation, env_name="add_env")
+    if sys.argv[2:] == ["text"]:
+        app = create_app(EchoEnv, TextAction, TextObservation, env_name="echo")
+    else:
+        cap = int(sys.argv[2]) if len(sys.argv) > 2 else None
+        app = create_app(
+            AddEnv, CallToolAction, CallToolObservation, env_name="add_env", max_concurrent_envs=cap
+        )
     uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning")

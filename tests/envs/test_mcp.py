@@ -50,7 +50,7 @@ def test_stdio_server_tools_become_specs_and_calls_become_tool_steps():
     ]
     start, results, reward = asyncio.run(episode(env, calls))
     names = {t["function"]["name"] for t in start.tools}
-    assert names == {"add", "bump", "boom", "slow"}
+    assert names == {"add", "bump", "boom", "slow", "pid"}  # the pool's reset is hidden
     add = next(t for t in start.tools if t["function"]["name"] == "add")["function"]
     assert set(add["parameters"]["properties"]) == {"a", "b"}
     assert start.messages[0]["role"] == "system"

@@ -90,3 +90,78 @@ def test_bad_config_and_rollback_refused():
         router(url="http://127.0.0.1:1", reward="magic").make(TASK)
     with pytest.raises(SnapshotUnsupported):
         check_snapshot_support(router(url="http://127.0.0.1:1"), [TASK])
+
+
+def _start(*args):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, SERVER, str(port), *args], stderr=subprocess.DEVNULL)
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return proc, f"http://127.0.0.1:{port}"
+        assert proc.poll() is None, "the OpenEnv test server exited"
+        time.sleep(0.3)
+    raise AssertionError("the OpenEnv test server did not start")
+
+
+def test_a_full_server_is_waited_for_not_failed(server_url):
+    """OpenEnv's default session limit is 1: concurrent episodes used to fail with
+    CAPACITY_REACHED (3 of 4); now each waits for the session before it and all score."""
+
+    async def many(n, **opts):
+        async def one():
+            env = router(url=server_url, **opts).make(TASK)
+            turns = [
+                [ToolCall("add", {"a": 2, "b": 3}, id="a")],
+                [ToolCall("submit", {"answer": 5})],
+            ]
+            _, _, reward = await play(env, turns)
+            return env.fatal_error, reward.score
+
+        return await asyncio.gather(*(one() for _ in range(n)))
+
+    assert asyncio.run(many(6)) == [(None, 1.0)] * 6
+
+    async def held_then_refused():
+        holder = router(url=server_url).make(TASK)
+        await holder.reset()
+        try:
+            env = router(url=server_url, capacity_wait_s=0.5).make(TASK)
+            await env.reset()
+            return env.fatal_error
+        finally:
+            await holder.close()
+
+    reason = asyncio.run(held_then_refused())
+    assert "session limit" in reason and "max_concurrent_envs" in reason
+
+
+def test_a_text_environment_is_refused_naming_what_is_missing():
+    proc, url = _start("text")
+    try:
+        env = router(url=url).make(TASK)
+        start, _, _ = asyncio.run(play(env, []))
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+    assert start.tools == [] and env.fatal_error.startswith("openenv environment refused")
+    assert "ListToolsAction" in env.fatal_error and "not MCP tool calls" in env.fatal_error
+    with pytest.raises(EnvConfigError, match="capacity_wait_s"):
+        router(url=url, capacity_wait_s=-1).make(TASK)
+
+
+def test_one_reset_measures_every_task_of_the_type(server_url):
+    """The startup length check opens one session for the task type, not one per task."""
+    from toolgrpo.rollout.prompts import env_starts
+
+    tasks = [
+        Task(f"o{i}", ({"role": "user", "content": "x" * i},), "5", "test", "adder")
+        for i in range(5)
+    ]
+    starts = env_starts(router(url=server_url), tasks)
+    assert all(s is not None for s in starts)
+    assert [s.messages[-1]["content"] for s in starts] == ["x" * i for i in range(5)]
+    assert all({t["function"]["name"] for t in s.tools} == {"add", "submit"} for s in starts)

@@ -17,10 +17,13 @@ import inspect
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from toolgrpo.tools.schema import in_thread
 from toolgrpo.tools.types import ToolCall, ToolResult
+
+if TYPE_CHECKING:
+    from toolgrpo.data.task import Task
 
 
 async def off_loop(fn: Callable[..., Any], *args: Any) -> Any:
@@ -89,6 +92,13 @@ class Env(ABC):
 
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Release resources (servers, sessions)."""
+
+    def opening_for(self, task: Task, start: EnvStart) -> EnvStart | None:
+        """The opening another task of this environment's type would get, derived from this
+        environment's own ``start`` without a reset; ``None`` when it cannot be derived. The
+        startup prompt measurement resets one environment per task type and asks this for the
+        rest, so environments that open a server session each reset override it."""
+        return None
 
     # ---- rollback support (issue #6) ----------------------------------------------------------
     supports_snapshot: bool = False

@@ -5,15 +5,17 @@ Config (a task type whose tools live on an MCP server)::
     my_tools: {type: mcp, command: [python, -m, my_server], max_turns: 4}      # stdio: started
     my_tools: {type: mcp, url: "http://127.0.0.1:8000/mcp", max_turns: 4}      # streamable HTTP
 
-Each episode opens its own session (a stdio server is started per episode and stopped at close),
-lists the server's tools as the episode's tool specs and runs the model's calls as ``tools/call``.
-MCP has no reward: by default the final ``<answer>`` is scored against the task's ground truth
-(as the ``direct`` environment does); ``reward: "module:function"`` names a function of the
-``Transcript`` and the task. A server that cannot be reached, dies, or lets a call run past
-``timeout_s`` sets ``fatal_error``: the episode ends as an environment failure (left out of
-training), never as the model's fault (the one timeout rule, as for OpenEnv and every other
-environment type). MCP servers keep state the trainer cannot copy, so tool rollback is refused at
-startup.
+Each episode has a session of its own; it lists the server's tools as the episode's tool specs and
+runs the model's calls as ``tools/call``. A stdio server that offers a ``reset`` tool (the
+``reset_tool`` option) is pooled: kept after its episode and reset before the next one instead of
+started again (``envs/pool.py``; ``pool_sessions: false`` starts one per episode, as a server
+without the tool is). MCP has no reward: by default the final ``<answer>`` is scored against the
+task's ground truth (as the ``direct`` environment does); ``reward: "module:function"`` names a
+function of the ``Transcript`` and the task. A server that cannot be reached, dies, or lets a call
+run past ``timeout_s`` sets ``fatal_error``: the episode ends as an environment failure (left out
+of training; its server is stopped, never reused), never as the model's fault (the one timeout
+rule, as for OpenEnv and every other environment type). MCP servers keep state the trainer cannot
+copy, so tool rollback is refused at startup.
 """
 
 from __future__ import annotations
@@ -22,7 +24,6 @@ import asyncio
 import importlib
 import json
 from collections.abc import Callable, Mapping
-from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -32,11 +33,22 @@ from toolgrpo.envs._tool_server import refuse_before_sending
 from toolgrpo.envs.base import Env, EnvReward, EnvStart, Transcript, off_loop
 from toolgrpo.envs.calculator import with_system
 from toolgrpo.envs.direct import direct_reward
+from toolgrpo.envs.pool import MCPSession, ServerKey, SessionPool, on_pool_loop, session_pool
 from toolgrpo.envs.registry import EnvConfigError, register_env
 from toolgrpo.envs.tool_env import _as_reward
 from toolgrpo.tools.types import ToolCall, ToolResult
 
-OPTIONS = ("command", "url", "env", "timeout_s", "connect_timeout_s", "reward", "system_prompt")
+OPTIONS = (
+    "command",
+    "url",
+    "env",
+    "timeout_s",
+    "connect_timeout_s",
+    "reward",
+    "system_prompt",
+    "pool_sessions",
+    "reset_tool",
+)
 SYSTEM_PROMPT = (
     "You are a helpful assistant with tools. Call them as needed, then give the final answer "
     "as <answer>ANSWER</answer>."
@@ -52,6 +64,8 @@ class MCPOptions:
     connect_timeout_s: float = 30.0  # start/connect, initialise and list tools
     reward: str = ""  # "module:function" (transcript, task) -> float | EnvReward; "" = <answer>
     system_prompt: str = SYSTEM_PROMPT
+    pool_sessions: bool = True  # stdio: reuse a server that offers reset_tool across episodes
+    reset_tool: str = "reset"  # the server's tool that resets it between episodes (hidden)
 
     @classmethod
     def parse(cls, options: Mapping[str, Any]) -> MCPOptions:
@@ -74,6 +88,8 @@ class MCPOptions:
                 float(options.get("connect_timeout_s", cls.connect_timeout_s)),
                 str(options.get("reward") or ""),
                 str(options.get("system_prompt", SYSTEM_PROMPT)),
+                _flag(options.get("pool_sessions", True)),
+                str(options.get("reset_tool") or "reset"),
             )
         except (TypeError, ValueError) as e:
             raise EnvConfigError(f"mcp env: bad option: {e}") from e
@@ -82,6 +98,12 @@ class MCPOptions:
         if out.reward:
             load_reward(out.reward)  # fail at startup, not mid-run
         return out
+
+
+def _flag(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"pool_sessions must be true or false, got {value!r}")
+    return value
 
 
 def load_reward(spec: str) -> Callable[..., Any]:
@@ -113,41 +135,47 @@ class MCPEnv(Env):
         self.task = task
         self.options = options
         self.fatal_error: str | None = None
-        self._stack: AsyncExitStack | None = None
-        self._client: Any = None
+        self._pool: SessionPool | None = None
+        self._session: MCPSession | None = None
+        self._client: Any = None  # what calls go to: the session, through the pool's loop
         self._tools: set[str] = set()
+        self._abandoned = False  # a call was cancelled mid-flight: the server may still run it
 
-    def _server(self) -> Any:
-        if self.options.url:
-            return self.options.url
+    def _pool_for(self) -> SessionPool:
+        o = self.options
+        if o.url:  # HTTP: the server keys state by session; one session per episode
+            key = ServerKey(o.url, (), o.timeout_s, "")
+            return session_pool(key, o.url, o.connect_timeout_s, reuse=False)
         from mcp import StdioServerParameters
 
-        cmd = self.options.command
-        return StdioServerParameters(command=cmd[0], args=list(cmd[1:]), env=self.options.env)
+        reset = o.reset_tool if o.pool_sessions else ""
+        key = ServerKey(o.command, tuple(sorted(o.env.items())), o.timeout_s, reset)
+        params = StdioServerParameters(command=o.command[0], args=list(o.command[1:]), env=o.env)
+        return session_pool(key, params, o.connect_timeout_s, reuse=o.pool_sessions)
 
     async def reset(self) -> EnvStart:
         messages = with_system(self.task.messages, self.options.system_prompt)
         try:
-            from mcp import Client
-
-            self._stack = AsyncExitStack()
-            client = Client(self._server(), read_timeout_seconds=self.options.timeout_s)
-            self._client = await asyncio.wait_for(
-                self._stack.enter_async_context(client), self.options.connect_timeout_s
-            )
-            listed = await asyncio.wait_for(
-                self._client.list_tools(), self.options.connect_timeout_s
-            )
+            self._pool = self._pool_for()
+            self._session = await on_pool_loop(self._pool.acquire())
         except Exception as exc:  # unreachable, failed to start, timed out: the env's failure
             self.fatal_error = f"mcp server unavailable: {type(exc).__name__}: {exc}"
             return EnvStart(messages, [])
+        self._client = _OnPoolLoop(self._session)
         specs = []
-        for t in listed.tools:
+        hidden = self._session.key.reset_tool
+        for t in self._session.tools:
+            if t.name == hidden and self._session.resettable:
+                continue  # the pool's, not the model's
             self._tools.add(t.name)
             params = t.input_schema or {"type": "object", "properties": {}}
             fn = {"name": t.name, "description": t.description or "", "parameters": params}
             specs.append({"type": "function", "function": fn})
         return EnvStart(messages, specs)
+
+    def opening_for(self, task: Task, start: EnvStart) -> EnvStart:
+        """Every task of this type opens with the same system prompt and the server's tools."""
+        return EnvStart(with_system(task.messages, self.options.system_prompt), start.tools)
 
     async def step(self, calls: list[ToolCall]) -> list[ToolResult]:
         return list(await asyncio.gather(*(self._call(c) for c in calls)))
@@ -165,6 +193,9 @@ class MCPEnv(Env):
             res = await asyncio.wait_for(
                 self._client.call_tool(call.name, dict(call.arguments)), self.options.timeout_s
             )
+        except asyncio.CancelledError:  # the episode's deadline: never hand this server on
+            self._abandoned = True
+            raise
         except TimeoutError:  # the environment's failure, not the model's (one rule for all)
             self.fatal_error = f"mcp tool '{call.name}' timed out after {self.options.timeout_s:g}s"
             return error("timeout", f"Error: tool '{call.name}' timed out")
@@ -183,12 +214,28 @@ class MCPEnv(Env):
         return _as_reward(await off_loop(fn, transcript, self.task))
 
     async def close(self) -> None:
-        stack, self._stack, self._client = self._stack, None, None
-        if stack is not None:
+        """The session goes back to its pool, which keeps it only if the episode ended without
+        an environment failure (and the server can be reset); otherwise it is stopped."""
+        pool, session, self._session, self._client = self._pool, self._session, None, None
+        if pool is not None and session is not None:
+            healthy = self.fatal_error is None and not self._abandoned
             try:
-                await asyncio.wait_for(stack.aclose(), self.options.connect_timeout_s)
+                await asyncio.wait_for(
+                    on_pool_loop(pool.release(session, healthy)),
+                    self.options.connect_timeout_s,
+                )
             except Exception:  # closing is best effort (a dead server, a stuck subprocess)
                 pass
+
+
+class _OnPoolLoop:
+    """A session's ``call_tool`` for an episode on another event loop."""
+
+    def __init__(self, session: MCPSession) -> None:
+        self.session = session
+
+    async def call_tool(self, name: str, arguments: dict[str, Any]) -> Any:
+        return await on_pool_loop(self.session.call_tool(name, arguments))
 
 
 @register_env("mcp")

@@ -7,10 +7,11 @@ Config (``actor_rollout_ref.rollout.multi_turn.envs``), one entry per task type:
     my_remote:  {type: remote, url: "ws://127.0.0.1:8900", max_turns: 6}
 
 ``type`` defaults to the task type's own name (built in, or registered by a user's module via
-``--import``, ``trainer.imports`` or a ``toolgrpo.envs`` entry point: ``envs/plugins.py``); every
-other key except ``max_turns`` is passed to the environment's factory as an option. A factory
-with a ``validate_options(options)`` attribute has its options checked when the router is built
-(at startup, not per episode).
+``--import``, ``trainer.imports`` or a ``toolgrpo.envs`` entry point: ``envs/plugins.py``);
+``max_concurrency`` caps the task type's environments open at once (``envs/concurrency.py``;
+null = no cap); every other key except ``max_turns`` is passed to the environment's factory as an
+option. A factory with a ``validate_options(options)`` attribute has its options checked when the
+router is built (at startup, not per episode).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 
 from toolgrpo.data.task import Task
 from toolgrpo.envs.base import Env
+from toolgrpo.envs.concurrency import EnvSlots, hold_slot
 
 EnvFactory = Callable[[Task, Mapping[str, Any]], Env]
 
@@ -38,6 +40,8 @@ _BUILTIN = {
     "remote": "toolgrpo.envs.remote",
     "mcp": "toolgrpo.envs.mcp",  # needs the extra toolgrpo[mcp]
     "openenv": "toolgrpo.envs.openenv",  # needs the extra toolgrpo[openenv]
+    "reasoning_gym": "toolgrpo.envs.reasoning_gym",  # needs the extra toolgrpo[reasoning-gym]
+    "verifiers": "toolgrpo.envs.verifiers_env",  # needs the extra toolgrpo[verifiers]
 }
 
 
@@ -74,6 +78,7 @@ class EnvSpec:
     type: str
     max_turns: int
     options: dict[str, Any] = field(default_factory=dict)
+    max_concurrency: int | None = None  # environments of this task type open at once; None = any
 
 
 # Task types that need no config entry: their defaults.
@@ -85,6 +90,8 @@ DEFAULT_SPECS = {
     "arith_mixed": EnvSpec("arith_mixed", 4),
     # Up to 8 user turns, each needing a call turn and an answer turn.
     "bfcl_multi_turn": EnvSpec("bfcl_multi_turn", 20),
+    "reasoning_gym": EnvSpec("reasoning_gym", 4),
+    "verifiers": EnvSpec("verifiers", 10),  # verifiers' ToolEnv default; SingleTurnEnv plays 1
 }
 
 
@@ -93,6 +100,7 @@ class EnvRouter:
 
     def __init__(self, specs: Mapping[str, Mapping[str, Any]] | None = None) -> None:
         self.specs: dict[str, EnvSpec] = dict(DEFAULT_SPECS)
+        self._slots: dict[str, EnvSlots] = {}
         for task_type, raw in (specs or {}).items():
             opts = dict(raw or {})
             env_type = str(opts.pop("type", task_type))
@@ -101,11 +109,14 @@ class EnvRouter:
             )
             if max_turns < 1:
                 raise EnvConfigError(f"envs.{task_type}.max_turns must be >= 1, got {max_turns}")
+            cap = _max_concurrency(task_type, opts.pop("max_concurrency", None))
             factory = get_env_factory(env_type)  # fail at startup, not mid-run
             validate = getattr(factory, "validate_options", None)
             if validate is not None:
                 validate(opts)
-            self.specs[task_type] = EnvSpec(env_type, max_turns, opts)
+            self.specs[task_type] = EnvSpec(env_type, max_turns, opts, cap)
+            if cap is not None:
+                self._slots[task_type] = EnvSlots(cap)
 
     def spec(self, task_type: str) -> EnvSpec:
         if task_type not in self.specs and task_type not in _BUILTIN:
@@ -138,7 +149,19 @@ class EnvRouter:
             get_env_factory(self.spec(t).type)
 
     def make(self, task: Task) -> Env:
+        """A fresh environment; under ``max_concurrency`` its reset waits for a free slot."""
         spec = self.spec(task.task_type)
         env = get_env_factory(spec.type)(task, spec.options)
         env.max_turns = spec.max_turns
-        return env
+        slots = self._slots.get(task.task_type)
+        return env if slots is None else hold_slot(env, slots)
+
+
+def _max_concurrency(task_type: str, value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise EnvConfigError(
+            f"envs.{task_type}.max_concurrency must be an integer >= 1 or null, got {value!r}"
+        )
+    return value

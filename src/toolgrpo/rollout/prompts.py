@@ -68,17 +68,23 @@ def opening_length(
     return longest
 
 
-async def _env_start(envs: EnvRouter, task: Task, sem: asyncio.Semaphore) -> EnvStart | None:
-    """The environment's opening for ``task``, or ``None`` if it cannot open (that failure is
-    reported when the episode is played, not here); the environment is always closed."""
+async def _env_start(
+    envs: EnvRouter, task: Task, sem: asyncio.Semaphore, others: Sequence[Task] = ()
+) -> list[EnvStart | None]:
+    """The environment's opening for ``task`` and, where the environment can derive them
+    (``Env.opening_for``), for ``others`` of the same task type; ``None`` where it cannot open
+    (that failure is reported when the episode is played, not here), and for ``others`` it
+    cannot derive (the caller resets their own). The environment is always closed."""
     async with sem:
         env = None
         try:
             env = envs.make(task)
             start = await bounded(env.reset, (), _MEASURE_TIMEOUT_S, "reset")
-            return None if env.fatal_error else start
+            if env.fatal_error:
+                return [None] * (1 + len(others))
+            return [start, *(env.opening_for(t, start) for t in others)]
         except Exception:  # a hung reset too (TimeoutError)
-            return None
+            return [None] * (1 + len(others))
         finally:
             if env is not None:
                 try:
@@ -88,8 +94,33 @@ async def _env_start(envs: EnvRouter, task: Task, sem: asyncio.Semaphore) -> Env
 
 
 async def _env_starts(envs: EnvRouter, tasks: Sequence[Task]) -> list[EnvStart | None]:
+    """One environment reset per task type: the other tasks' openings are derived from it where
+    the environment can (servers: same system prompt and tools), else each task's own is reset
+    (in-process environments, whose reset costs nothing). A type whose first environment cannot
+    open is left unmeasured."""
     sem = asyncio.Semaphore(_MEASURE_CONCURRENCY)
-    return list(await asyncio.gather(*(_env_start(envs, t, sem) for t in tasks)))
+    by_type: dict[str, list[int]] = {}
+    for i, t in enumerate(tasks):
+        by_type.setdefault(t.task_type, []).append(i)
+    samples = await asyncio.gather(
+        *(
+            _env_start(envs, tasks[ix[0]], sem, [tasks[i] for i in ix[1:]])
+            for ix in by_type.values()
+        )
+    )
+    out: list[EnvStart | None] = [None] * len(tasks)
+    rest: list[int] = []
+    for ix, got in zip(by_type.values(), samples, strict=True):
+        if got[0] is None:
+            continue
+        for i, start in zip(ix, got, strict=True):
+            out[i] = start
+            if start is None:
+                rest.append(i)
+    own = await asyncio.gather(*(_env_start(envs, tasks[i], sem) for i in rest))
+    for i, (start,) in zip(rest, own, strict=True):
+        out[i] = start
+    return out
 
 
 def env_starts(envs: EnvRouter, tasks: Sequence[Task]) -> list[EnvStart | None]:
@@ -161,7 +192,8 @@ def filter_overlong(
 ) -> list[Task]:
     """Tasks whose opening prompt fits ``max_length`` (verl's ``filter_overlong_prompts``),
     measured on what the model sees: with ``envs`` (multi-turn), the environment's own opening
-    (its system prompt and tool specs, from a reset that is closed at once); with
+    (its system prompt and tool specs, from a reset that is closed at once: one per task type
+    where the environment derives the others, ``Env.opening_for``); with
     ``conditions`` (the router's routes), the longest route's rewrite. A task whose environment
     cannot open is kept: it fails as an environment error when played."""
     kept: list[Task] = []

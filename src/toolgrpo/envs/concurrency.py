@@ -1,0 +1,63 @@
+"""A cap on how many environments of one task type are open at once (``max_concurrency``).
+
+A server with a session limit (an OpenEnv server's ``max_concurrent_envs``, ``toolgrpo serve-env
+--max-sessions``) or a machine that can start only so many tool servers is asked for no more
+sessions than it holds: an episode's ``reset`` first waits for one of the type's slots, and its
+``close`` gives the slot back. The wait is part of the reset, so it counts against the reset's
+deadline (``multi_turn.env_call_timeout_s``). One process's cap: each Ray rollout worker has its
+own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import weakref
+from typing import Any
+
+from toolgrpo.envs.base import Env, off_loop
+
+
+class EnvSlots:
+    """``limit`` slots, counted per event loop (the trainer runs each step under a new one)."""
+
+    def __init__(self, limit: int) -> None:
+        if limit < 1:
+            raise ValueError(f"max_concurrency must be >= 1, got {limit}")
+        self.limit = limit
+        self._sems: weakref.WeakKeyDictionary[Any, asyncio.Semaphore] = weakref.WeakKeyDictionary()
+
+    def __reduce__(self) -> tuple[type[EnvSlots], tuple[int]]:  # routers travel to Ray workers
+        return (EnvSlots, (self.limit,))
+
+    def semaphore(self) -> asyncio.Semaphore:
+        loop = asyncio.get_running_loop()
+        sem = self._sems.get(loop)
+        if sem is None:
+            sem = self._sems[loop] = asyncio.Semaphore(self.limit)
+        return sem
+
+
+def hold_slot(env: Env, slots: EnvSlots) -> Env:
+    """``env`` with a slot taken before its ``reset`` and given back after its ``close`` (also
+    when reset never got one, or the episode failed); ``env`` itself, not a wrapper, so the
+    episode loop sees its attributes as they are."""
+    reset, close = env.reset, env.close
+    held: list[asyncio.Semaphore] = []
+
+    async def reset_in_slot() -> Any:
+        if not held:
+            sem = slots.semaphore()
+            await sem.acquire()
+            held.append(sem)
+        return await off_loop(reset)
+
+    async def close_and_free() -> None:
+        try:
+            await off_loop(close)
+        finally:
+            while held:
+                held.pop().release()
+
+    env.reset = reset_in_slot  # type: ignore[method-assign]
+    env.close = close_and_free  # type: ignore[method-assign]
+    return env
