@@ -20,6 +20,7 @@ import torch
 from toolgrpo.config.schema import TrainConfig
 from toolgrpo.data.task import Task
 from toolgrpo.distributed.chunks import WeightPayload
+from toolgrpo.envs.pool import close_env_pools
 from toolgrpo.rewards.types import RllaFlags
 from toolgrpo.rollout.backends import make_generator, sync_weights
 from toolgrpo.rollout.episode import Episode
@@ -121,6 +122,7 @@ class RolloutWorker:
         if stop is not None:
             stop()
         shutdown_shared_pool()  # isolated tools' worker processes
+        close_env_pools()  # pooled MCP servers
 
     # ---- work -----------------------------------------------------------------------------
     def generate(self, prompts: list[list[int]], params: SamplingParams, seed: int) -> ChunkResult:
