@@ -63,17 +63,19 @@ def _rank(rank: int, world: int, port: int, args: tuple, out_file: str) -> None:
     import torch.distributed as dist
 
     from toolgrpo.distributed.fsdp import Ranks, leave_process_group
-    from toolgrpo.models.loading import load_policy
+    from toolgrpo.distributed.sharded_load import actor_policy, start_policy
     from toolgrpo.trainer.actor import Actor
-    from toolgrpo.trainer.parallel import actor_policy, refresh_rollout_copy
+    from toolgrpo.trainer.parallel import refresh_rollout_copy
 
     dist.init_process_group("gloo")
     try:
         cfg = _cfg(*args)
         torch.manual_seed(0)  # the LoRA init, as in the one-process run
-        policy = load_policy(cfg.actor_rollout_ref.model)
         ranks = Ranks(rank, world, True, torch.device("cpu"))
-        actor = Actor(actor_policy(policy, ranks), cfg, 10, ranks)  # as the trainer builds it
+        # The sharded start: rank 0 whole (it samples), rank 1 empty; the actor's shards (and
+        # the reference's, KL being on) are read from the files, each rank its rows.
+        policy = start_policy(cfg.actor_rollout_ref.model, ranks)
+        actor = Actor(actor_policy(policy, ranks), cfg, 10, ranks)
         b = _batch()
         old, _ = actor.compute_logprobs(b)
         ref, _ = actor.compute_logprobs(b, reference=True)
@@ -97,7 +99,8 @@ def _free_port() -> int:
 def test_two_gloo_ranks_match_one_process(tiny_model_dir, tiny_data, tmp_path, lora):
     """Same global batch → same log-probs (actor and reference), same loss metrics and, after one
     optimizer step, the same weights as the one-process update (read from rank 0's rollout copy,
-    which the shards are gathered into for sampling and the weight push); KL loss on."""
+    which the shards are gathered into for sampling and the weight push); KL loss on. The ranks
+    start sharded (shards read from the files); the resume test below starts from full loads."""
     from toolgrpo.models.loading import load_policy
     from toolgrpo.trainer.actor import Actor
 

@@ -287,8 +287,8 @@ def test_the_lms_reward_carries_the_routers_price(
     seen = []
     orig = trainer.compute_advantages
 
-    def spy(batch):
-        m = orig(batch)
+    def spy(batch, price):  # price: the router's λ·cost, sent with the batch
+        m = orig(batch, price)
         seen.append(batch.advantages_BR[:, 0].tolist())
         return m
 

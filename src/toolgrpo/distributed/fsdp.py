@@ -81,6 +81,10 @@ class Ranks:
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return int(t.item())
 
+    def all_(self, flag: bool) -> bool:
+        """True when ``flag`` is True on every rank (a collective: every rank must call it)."""
+        return self.world == 1 or self.max_int(int(not flag)) == 0
+
     def close(self) -> None:
         """Leave the process group (torch warns at exit about one never destroyed)."""
         if self.sharded:
@@ -115,20 +119,35 @@ def leave_process_group(timeout_s: float = 60.0) -> None:
 
 
 def check_strategy(cfg: Any) -> None:
-    """Features whose code runs the policy outside the actor's collective passes are refused."""
-    if cfg.trainer.distributed.strategy == "none":
+    """What a sharded update cannot run, each with its reason. The router (on rank 0, its
+    λ·cost sent with the batch), the mixture (fixed policies sample on rank 0; every rank
+    corrects the broadcast batch) and rollback negatives (rows of the batch) all run."""
+    strategy = cfg.trainer.distributed.strategy
+    if strategy == "none":
         return
     refused = {
-        "router.enable": cfg.router.enable,
-        "async_training.enable": cfg.async_training.enable,
-        "rollout_only.model_path": bool(cfg.rollout_only.model_path),
-        "algorithm.adv_estimator=gae": cfg.algorithm.adv_estimator == "gae",
+        "async_training.enable": (
+            cfg.async_training.enable,
+            "its rollout thread samples while the update runs and copies the actor's module "
+            "between updates, but that module is sharded over the ranks, and the ranks would "
+            "have to agree on which buffered batch each step trains",
+        ),
+        "router.lr=null": (
+            cfg.router.enable and cfg.router.lr is None,
+            "it puts the router head (on rank 0 only) into the actor's optimizer, whose state "
+            "is sharded over every rank; give the head its own SGD with router.lr",
+        ),
+        "algorithm.adv_estimator=gae": (
+            cfg.algorithm.adv_estimator == "gae",
+            "the value head is sharded with the actor's root unit, but checkpoints save and "
+            "load it as one process's whole tensors, so a sharded run could not be resumed",
+        ),
     }
-    on = [k for k, v in refused.items() if v]
+    on = [f"{k} ({why})" for k, (bad, why) in refused.items() if bad]
     if on:
         raise ConfigError(
-            f"trainer.distributed.strategy={cfg.trainer.distributed.strategy} does not support "
-            f"{', '.join(on)} yet; use strategy=none for them"
+            f"trainer.distributed.strategy={strategy} does not support {'; '.join(on)}; "
+            "use strategy=none for it"
         )
 
 

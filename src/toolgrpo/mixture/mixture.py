@@ -68,7 +68,13 @@ def fixed_groups_with_signal(batch: Batch) -> float:
 
 
 class Mixture:
-    def __init__(self, cfg: TrainConfig, tokenizer: Any) -> None:
+    def __init__(
+        self, cfg: TrainConfig, tokenizer: Any, lm: Any = None, samples: bool = True
+    ) -> None:
+        """``lm``: the whole actor policy the support gap is measured with (default: the
+        actor's own; under FSDP2, rank 0's unsharded rollout copy). ``samples=False``: a rank
+        that never samples (FSDP2 ranks other than 0) loads no fixed model; it only corrects
+        the batch rank 0 sampled, and measures no support gap (a metric rank 0 logs)."""
         ro, sc = cfg.rollout_only, cfg.rollout_allocation_schedule
         self.schedule = build_schedule(sc, cfg.trainer.seed)
         self.per_sample = sc.per_sample
@@ -89,6 +95,10 @@ class Mixture:
         self.labels = [s.label for s in specs]
         self.weights = [s.weight for s in specs]
         actor_path = cfg.actor_rollout_ref.model.path
+        self.lm, self.samples = lm, samples
+        self.specs = {s.label: s for s in specs}
+        if not samples:
+            return
         self.fixed = FixedPolicies(specs, tokenizer, actor_path, ro.offload, cfg)
         for spec in specs:
             if spec.params.truncated:
@@ -143,7 +153,8 @@ class Mixture:
 
     def close(self) -> None:
         """Release the fixed policies' vLLM engines (HF models go with the process)."""
-        self.fixed.close()
+        if self.samples:
+            self.fixed.close()
 
     def rollout_metrics(
         self, step: int, policies: Sequence[str], scores: Sequence[float]
@@ -224,7 +235,8 @@ class Mixture:
         batch.old_logprobs_BR, batch.is_weights_BR = c.old_logprobs_BR, c.is_weights_BR
         batch.shaping_BR = c.shaping_BR
         self.schedule.observe(c.metrics)
-        metrics["actor/is_support_gap"] = self._support_gap(batch, actor, fixed_B)
+        if self.samples:
+            metrics["actor/is_support_gap"] = self._support_gap(batch, actor, fixed_B)
         metrics["rollout/fixed_groups_with_signal"] = fixed_groups_with_signal(batch)
         return {**c.metrics, **metrics}
 
@@ -233,13 +245,13 @@ class Mixture:
         token, computed only for top-k/top-p ones: two extra forward passes over their rows)."""
         total, count = 0.0, float(batch.response_mask_BR[fixed_B].sum())
         for label in dict.fromkeys(p for p in batch.policies if p != ACTOR):
-            spec = self.fixed.specs[label]
+            spec = self.specs[label]
             if not spec.params.truncated:
                 continue
             rows = [i for i, p in enumerate(batch.policies) if p == label]
             sub = batch.select(rows)
             gap, _ = support_gap(
-                actor.policy,
+                self.lm if self.lm is not None else actor.policy,
                 actor.temperature,
                 self.fixed.policy(label),
                 spec.params,

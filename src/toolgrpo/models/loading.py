@@ -92,10 +92,15 @@ def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
 
 
 def load_policy(
-    cfg: ModelConfig, trainable: bool = True, device: torch.device | str = "cpu"
+    cfg: ModelConfig,
+    trainable: bool = True,
+    device: torch.device | str = "cpu",
+    empty: bool = False,
 ) -> Policy:
     """Load ``cfg.path`` onto ``device``; with ``lora_rank > 0`` (or a shipped adapter) wrap it
-    with PEFT LoRA."""
+    with PEFT LoRA. ``empty``: the same modules with every base weight on the meta device and
+    nothing of them read (a sharded start fills each rank's shards itself); buffers are
+    computed and a shipped adapter is read as usual, both being small."""
     resolved = resolve_model(cfg.path)
     device = torch.device(device)
     dtype = compute_dtype(cfg.dtype, device)
@@ -104,16 +109,19 @@ def load_policy(
     full_ft = trainable and cfg.lora_rank == 0 and resolved.adapter_dir is None
     weight_dtype = torch.float32 if (full_ft or dtype == torch.float32) else dtype
     try:
-        model = AutoModelForCausalLM.from_pretrained(
-            str(resolved.hf_dir), dtype=weight_dtype, attn_implementation=register_attention()
-        )
+        if empty:
+            model = empty_model(resolved.hf_dir, weight_dtype)
+        else:
+            model = AutoModelForCausalLM.from_pretrained(
+                str(resolved.hf_dir), dtype=weight_dtype, attn_implementation=register_attention()
+            )
     except _weight_errors() as e:
         raise ModelLoadError(f"cannot load the model at {resolved.hf_dir}: {one_line(e)}") from e
     model.config.use_cache = True
     adapter = Path(cfg.adapter_path) if cfg.adapter_path else resolved.adapter_dir
     is_lora = cfg.lora_rank > 0 or adapter is not None
     if is_lora:
-        model = _apply_lora(model, cfg, adapter, trainable)
+        model = _apply_lora(model, cfg, adapter, trainable, empty)
     if trainable and cfg.enable_gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if is_lora:
@@ -121,10 +129,37 @@ def load_policy(
     if not trainable:
         model.requires_grad_(False)
         model.eval()
-    return Policy(model.to(device), tokenizer, resolved, dtype, is_lora, device)
+    model = _buffers_to(model, device) if empty else model.to(device)
+    return Policy(model, tokenizer, resolved, dtype, is_lora, device)
 
 
-def _apply_lora(model: Any, cfg: ModelConfig, adapter: Path | None, trainable: bool) -> Any:
+def empty_model(hf_dir: Path, dtype: torch.dtype) -> Any:
+    """``hf_dir``'s architecture with its parameters on the meta device (no memory, no reads)
+    and its buffers computed on the CPU (the rotary frequencies are in no weight file)."""
+    from accelerate import init_empty_weights
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(str(hf_dir))
+    with init_empty_weights(include_buffers=False):
+        model = AutoModelForCausalLM.from_config(
+            config, dtype=dtype, attn_implementation=register_attention()
+        )
+    model.tie_weights()  # the context re-creates each registered parameter, untying them
+    return model
+
+
+def _buffers_to(model: Any, device: torch.device) -> Any:
+    """Move the buffers only: meta parameters cannot be copied anywhere."""
+    for module in model.modules():
+        for key, buf in module._buffers.items():
+            if buf is not None:
+                module._buffers[key] = buf.to(device)
+    return model
+
+
+def _apply_lora(
+    model: Any, cfg: ModelConfig, adapter: Path | None, trainable: bool, empty: bool = False
+) -> Any:
     from peft import LoraConfig, PeftModel, get_peft_model
 
     if adapter is not None:
@@ -141,7 +176,11 @@ def _apply_lora(model: Any, cfg: ModelConfig, adapter: Path | None, trainable: b
                 f"lora_rank to {rank} (or 0), or start a fresh adapter from the base model"
             )
         try:
-            model = PeftModel.from_pretrained(model, str(adapter), is_trainable=trainable)
+            # On an empty base, low_cpu_mem_usage assigns the adapter's tensors instead of
+            # copying them into meta ones (a no-op).
+            model = PeftModel.from_pretrained(
+                model, str(adapter), is_trainable=trainable, low_cpu_mem_usage=empty
+            )
         except _weight_errors() as e:
             raise ModelLoadError(f"cannot load the LoRA adapter at {adapter}: {one_line(e)}") from e
     else:

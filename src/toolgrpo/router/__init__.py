@@ -4,7 +4,8 @@ trained with GRPO on r_task − λ·cost while dual ascent keeps the mean tool c
 
 Modules: ``routes`` (names), ``families`` (tool families), ``prompts`` (route-conditioned
 prompts), ``usage`` (tool usage and cost), ``head`` (the head and prompt features), ``budget``
-(λ), ``policy`` (head + optimizer + update), ``runtime`` (the trainer's hook), ``labeler`` (weak
-labels from an OpenAI-compatible endpoint), ``infer`` (routing one prompt). The loss and the dual
-step are pure functions in ``toolgrpo.algos.router``.
+(λ), ``policy`` (head + optimizer + update), ``runtime`` (the trainer's hook), ``lm_price``
+(the λ·cost a step's batch carries for the LM's reward), ``labeler`` (weak labels from an
+OpenAI-compatible endpoint), ``infer`` (routing one prompt). The loss and the dual step are pure
+functions in ``toolgrpo.algos.router``.
 """

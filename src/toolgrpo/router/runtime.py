@@ -15,12 +15,7 @@ from typing import Any
 
 import torch
 
-from toolgrpo.algos.router import (
-    group_z,
-    lagrangian_advantages,
-    reward_spread,
-    router_rewards,
-)
+from toolgrpo.algos.router import lagrangian_advantages, reward_spread, router_rewards
 from toolgrpo.data.task import Task
 from toolgrpo.envs.base import EnvStart
 from toolgrpo.envs.registry import EnvRouter
@@ -30,6 +25,7 @@ from toolgrpo.rollout.prompts import render_prompt
 from toolgrpo.router.budget import Budget
 from toolgrpo.router.catalog import build_families, load_labels
 from toolgrpo.router.families import FamilyMap
+from toolgrpo.router.lm_price import LmPrice
 from toolgrpo.router.metrics import observe_metrics
 from toolgrpo.router.policy import RouterPolicy
 from toolgrpo.router.prompts import condition_messages, condition_start
@@ -125,6 +121,7 @@ class RouterRuntime:
             actor.scheduler if actor is not None else None,
             feature_layer=rc.feature_layer,
             inputs=rc.inputs,
+            tool_format=cfg.actor_rollout_ref.rollout.multi_turn.format,
         )
         self.policy.read_tasks_with(envs, self.max_prompt_length)
         self.routes = self.policy.routes
@@ -135,7 +132,6 @@ class RouterRuntime:
         self._step: _Step | None = None
         self._costs: list[float] = []  # this step's cost per rollout, in plan order
         self._lam = self.budget.lam  # the λ this step's rewards were shaped with
-        self._lm_cost_B: torch.Tensor | None = None  # per batch row (bind_rows)
         self._spread = 1.0
 
     @property
@@ -220,7 +216,6 @@ class RouterRuntime:
         )
         self._costs, self._lam = costs, lam
         self._spread = reward_spread(task_B, uids)  # lagrangian=price: the LM's cost scale
-        self._lm_cost_B = None
         self.budget.observe(costs)
         routes = [r for p in plans for r in p.routes]
         return observe_metrics(
@@ -228,53 +223,16 @@ class RouterRuntime:
         )
 
     # ---- the LM's reward (router.lm_reward) --------------------------------------------------
-    def bind_rows(self, rows: Sequence[int | None]) -> None:
-        """Which observed rollout each batch row is (``None``: a rolled-back negative, no
-        rollout of its own), so the LM's rewards can carry the same λ·cost."""
-        self._lm_cost_B = torch.tensor(
+    def bind_rows(self, rows: Sequence[int | None]) -> LmPrice:
+        """The LM's λ·cost for a batch whose rows are these observed rollouts (``None``: a
+        rolled-back negative, no rollout of its own); it travels with the batch."""
+        cost_B = torch.tensor(
             [self._costs[i] if i is not None else float("nan") for i in rows], dtype=torch.float32
         )
-
-    def _lm_lagrangian(self, *modes: str) -> bool:
-        return (
-            self.rc.lm_reward == "lagrangian"
-            and self.rc.lagrangian in modes
-            and self._lm_cost_B is not None
+        rc = self.rc
+        return LmPrice(
+            cost_B, self._lam, self._spread, rc.lm_reward, rc.lagrangian, self.lm_norm_by_std
         )
-
-    def lm_scores(self, scores_B: torch.Tensor) -> torch.Tensor:
-        """The LM's scores: r_task − λ·cost per row (``lm_reward=lagrangian``, λ in the reward),
-        else r_task. Negatives keep their fixed ``negative_reward``."""
-        if not self._lm_lagrangian("reward"):
-            return scores_B
-        assert self._lm_cost_B is not None
-        cost = torch.nan_to_num(self._lm_cost_B, nan=0.0)
-        return scores_B - self._lam * cost
-
-    def lm_advantages(self, batch: Any) -> dict[str, float]:
-        """The run's own GRPO advantages minus the cost's, in the same groups. ``advantage``:
-        A_LM = Z(r_task) − λ·Z(cost). ``price``: A_LM = A_task − λ·(c − c̄)/s, the cost centred
-        in its group and put on the scale GRPO put the task rewards on (s: the step's
-        within-group reward spread under std normalisation, else 1), so λ prices a call in
-        reward for the LM as it does for the router."""
-        if not self._lm_lagrangian("advantage", "price") or batch.advantages_BR is None:
-            return {}
-        assert self._lm_cost_B is not None
-        neg = torch.isnan(self._lm_cost_B)
-        price = self.rc.lagrangian == "price"
-        z_B = group_z(
-            torch.nan_to_num(self._lm_cost_B, nan=0.0),
-            batch.uids,
-            self.lm_norm_by_std and not price,
-            neg.tolist(),
-        )
-        if price and self.lm_norm_by_std:
-            z_B = z_B / self._spread
-        shift_BR = self._lam * z_B[:, None] * batch.response_mask_BR.to(torch.float32)
-        batch.advantages_BR = batch.advantages_BR - shift_BR
-        if batch.returns_BR is not None:
-            batch.returns_BR = batch.returns_BR - shift_BR
-        return {"router/lm_cost_adv_abs": float(z_B.abs().mean()) * self._lam}
 
     def _usage(self, item: Any) -> ToolUsage:
         if isinstance(item, Episode):

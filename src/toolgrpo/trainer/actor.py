@@ -17,7 +17,8 @@ from toolgrpo import progress
 from toolgrpo.algos import agg_loss, get_policy_loss, kl_loss, value_loss
 from toolgrpo.algos.offpolicy import shaped_policy_loss
 from toolgrpo.config.schema import TrainConfig
-from toolgrpo.distributed.fsdp import Ranks, shard
+from toolgrpo.distributed.fsdp import Ranks
+from toolgrpo.distributed.sharded_load import shard_policy, start_policy
 from toolgrpo.models.compiled import compile_training_blocks
 from toolgrpo.models.loading import Policy, load_policy, trainable_parameters
 from toolgrpo.models.logprobs import response_logprobs, shared_prefix_logprobs
@@ -81,7 +82,8 @@ class Actor:
             torch.nn.init.zeros_(self.value_head.bias)
         self.root: torch.nn.Module | None = None
         if self.ranks.sharded:
-            self.root = shard(policy.model, self.ranks, self.value_head)
+            # An empty model (sharded start) is filled from the files, each rank its rows.
+            self.root = shard_policy(policy, self.ranks, self.value_head)
         groups: list[dict[str, Any]] = [{"params": trainable_parameters(policy.model)}]
         if self.value_head is not None:
             groups.append({"params": list(self.value_head.parameters()), "lr": cfg.critic.lr})
@@ -100,9 +102,11 @@ class Actor:
         fresh_lora = policy.is_lora and policy.resolved.adapter_dir is None and not m.adapter_path
         self.ref_root: torch.nn.Module | None = None
         if self.needs_ref and not fresh_lora:
-            self.ref = load_policy(m, trainable=False, device=self.device)
-            if self.ranks.sharded:
-                self.ref_root = shard(self.ref.model, self.ranks)
+            if self.ranks.sharded:  # no rank samples from it: empty everywhere, then filled
+                self.ref = start_policy(m, self.ranks, trainable=False, whole_on_main=False)
+                self.ref_root = shard_policy(self.ref, self.ranks)
+            else:
+                self.ref = load_policy(m, trainable=False, device=self.device)
 
     # ---- no-grad passes -------------------------------------------------------------------
     @torch.no_grad()
@@ -136,6 +140,10 @@ class Actor:
             self.policy.model.disable_adapter() if reference and self.ref is None else nullcontext()
         )
         prompt = _shared_prompt(ids, attn, r)
+        if self.ranks.sharded and not self.ranks.all_(prompt is not None):
+            # One path for every rank, or their per-layer collectives would not pair up: rows
+            # of a group may not share a prompt (the router conditions each rollout's opening).
+            prompt = None
         # The LM head runs only at the policy's own tokens: nothing reads the others' log-probs.
         scored = mb.response_mask_BR[:, :r]
 

@@ -26,7 +26,7 @@ from toolgrpo.trainer.metrics import negative_metrics
 
 if TYPE_CHECKING:
     from toolgrpo.mixture import Mixture
-    from toolgrpo.router.runtime import RouterRuntime
+    from toolgrpo.router.lm_price import LmPrice
     from toolgrpo.trainer.actor import Actor
 
 KLController = FixedKLController | AdaptiveKLController
@@ -80,13 +80,13 @@ def compute_advantages(
     batch: Batch,
     alg: AlgorithmConfig,
     kl_ctrl: KLController | None,
-    router: RouterRuntime | None = None,
+    price: LmPrice | None = None,
 ) -> dict[str, float]:
     """Token rewards (with KL-in-reward, which steps ``kl_ctrl``), then the advantages and
     returns of ``algorithm.adv_estimator``; rolled-back negatives stay out of the baselines.
-    With the router, the LM's scores and advantages carry λ·cost as ``router.lm_reward`` and
-    ``router.lagrangian`` say."""
-    scores_B = router.lm_scores(batch.scores_B) if router is not None else batch.scores_B
+    With the router, the LM's scores and advantages carry the step's λ·cost (``price``, built
+    where the routes were sampled) as ``router.lm_reward`` and ``router.lagrangian`` say."""
+    scores_B = price.scores(batch.scores_B) if price is not None else batch.scores_B
     token_rewards = token_level_rewards(scores_B, batch.response_mask_BR)
     metrics: dict[str, float] = {}
     if alg.use_kl_in_reward:
@@ -113,7 +113,7 @@ def compute_advantages(
         norm_adv_by_std_in_grpo=alg.norm_adv_by_std_in_grpo,
         is_negative_B=batch.is_negative,  # rolled-back attempts stay out of the baselines
     )
-    if router is not None:  # router.lagrangian=price|advantage: A − λ·cost term
-        metrics.update(router.lm_advantages(batch))
+    if price is not None:  # router.lagrangian=price|advantage: A − λ·cost term
+        metrics.update(price.advantages(batch))
     metrics.update(negative_metrics(batch))
     return metrics

@@ -7,30 +7,23 @@ one parameter at a time. Other ranks hold shards only and never sample, log or w
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from toolgrpo.config.loader import to_yaml
 from toolgrpo.config.schema import TrainConfig
 from toolgrpo.distributed.fsdp import Ranks, gather_into
+from toolgrpo.distributed.sharded_load import actor_policy
 from toolgrpo.models.loading import Policy
 from toolgrpo.rollout.backends import sync_weights
 from toolgrpo.trainer.run_dir import write_text
 from toolgrpo.trainer.tracking import Tracker
 
+__all__ = ["actor_policy", "open_tracker", "push_weights", "refresh_rollout_copy"]
+
 if TYPE_CHECKING:
     from toolgrpo.trainer.actor import Actor
-
-
-def actor_policy(policy: Policy, ranks: Ranks) -> Policy:
-    """The policy the actor shards: on rank 0 a copy (the original stays whole for rollouts and
-    checkpoints), elsewhere the loaded one itself (sharding frees its full tensors)."""
-    if ranks.sharded and ranks.main:
-        return replace(policy, model=copy.deepcopy(policy.model))
-    return policy
 
 
 def refresh_rollout_copy(actor: Actor, policy: Policy, ranks: Ranks) -> None:

@@ -34,6 +34,7 @@ from toolgrpo.trainer.rollout_dump import RolloutDumper, completion_record
 
 if TYPE_CHECKING:
     from toolgrpo.mixture import Mixture
+    from toolgrpo.router.lm_price import LmPrice
     from toolgrpo.router.runtime import RouterRuntime
     from toolgrpo.trainer.episodes import EpisodeRunner
 
@@ -49,6 +50,7 @@ class Rolled:
     metrics: dict[str, float]
     timing: dict[str, float]
     nonfinite: float
+    price: LmPrice | None = None  # the router's λ·cost per row, for the LM's advantages
 
 
 @dataclass(frozen=True)
@@ -94,10 +96,11 @@ class RolloutStage:
         batch.policies = policies
         metrics = completion_metrics(completions, scores)
         metrics.update(mixture_metrics(self.mixture, step, batch))
+        price = None
         if self.router is not None:
             metrics.update(self.router.observe(items, [s.total for s in scores]))
-            self.router.bind_rows(list(range(len(items))))  # one batch row per rollout
-        return Rolled(batch, metrics, timing, float(nonfinite))
+            price = self.router.bind_rows(list(range(len(items))))  # one batch row per rollout
+        return Rolled(batch, metrics, timing, float(nonfinite), price)
 
     def _episode_batch(
         self, step: int, items: list[Episode], policies: list[str], timing: dict[str, float]
@@ -116,15 +119,16 @@ class RolloutStage:
         metrics["rollout/truncated_frac"] = truncated / len(kept) if kept else 0.0
         masking = self.multi_turn.mask_truncated
         metrics["rollout/truncated_masked"] = float(truncated if masking else 0)
+        price = None
         if self.router is not None:  # failed episodes stand at their group's mean
             metrics.update(self.router.observe(items, stand_in_rewards(items)))
             if batch is not None:  # kept episodes' rows, then their negatives (no rollout)
-                self.router.bind_rows(list(keep) + [None] * (batch.size - len(kept)))
+                price = self.router.bind_rows(list(keep) + [None] * (batch.size - len(kept)))
         if batch is not None:
             pols = [policies[i] for i in keep]
             batch.policies = pols + [pols[i] for i in negative_parents(kept)]
             metrics.update(mixture_metrics(self.mixture, step, batch))
-        return Rolled(batch, metrics, timing, float(nonfinite))
+        return Rolled(batch, metrics, timing, float(nonfinite), price)
 
     def _generate(
         self, step: int, tasks: list[Task], generator: Any, version: int

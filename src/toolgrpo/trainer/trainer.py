@@ -22,10 +22,11 @@ from toolgrpo.config.validate import validate_train_config
 from toolgrpo.data.loader import load_tasks
 from toolgrpo.data.task import Task
 from toolgrpo.distributed.fsdp import start_ranks
+from toolgrpo.distributed.sharded_load import start_policy
 from toolgrpo.envs.plugins import load_run_plugins
 from toolgrpo.eval.evaluate import check_scorable, val_sampling_params
 from toolgrpo.mixture import Mixture
-from toolgrpo.models.loading import load_policy, load_tokenizer
+from toolgrpo.models.loading import load_tokenizer
 from toolgrpo.models.registry import resolve_model
 from toolgrpo.rewards.scoring import check_task
 from toolgrpo.rewards.types import RllaFlags
@@ -34,6 +35,7 @@ from toolgrpo.rollout.generator import SamplingParams
 from toolgrpo.rollout.hf import HFGenerator
 from toolgrpo.rollout.prompts import filter_overlong, refuse_split_routes
 from toolgrpo.router.calibrate import Threshold
+from toolgrpo.router.lm_price import LmPrice
 from toolgrpo.router.runtime import RouterRuntime
 from toolgrpo.run_log import RunLog
 from toolgrpo.trainer import advantage_stage
@@ -86,7 +88,8 @@ class Trainer:
         self.pool: Any = None
         self.generator: Any = None
         try:
-            self.policy = load_policy(cfg.actor_rollout_ref.model, device=self.ranks.device)
+            # whole on rank 0 (it samples); under fsdp2 other ranks start empty, filled by shards
+            self.policy = start_policy(cfg.actor_rollout_ref.model, self.ranks)
             self.tokenizer = self.policy.tokenizer
             self.sampler = TaskSampler(
                 len(self.tasks), cfg.data.train_batch_size, data_seed(cfg), cfg.data.shuffle
@@ -116,8 +119,12 @@ class Trainer:
             max_new_tokens=cfg.data.max_response_length,
             stop=tuple(r.stop),
         )
-        # A fixed policy sharing rollout duty (issue #5), off unless rollout_only.model_path is set.
-        self.mixture = Mixture(cfg, self.tokenizer) if cfg.rollout_only.model_path else None
+        # A fixed policy sharing rollout duty, off unless rollout_only.model_path is set. With
+        # fsdp2 it samples on rank 0 (and measures its support gap against rank 0's whole copy);
+        # the other ranks load no fixed model, they only correct the batch rank 0 broadcast.
+        self.mixture: Mixture | None = None
+        if cfg.rollout_only.model_path:
+            self.mixture = Mixture(cfg, self.tokenizer, self.policy if main else None, main)
         self.total_steps = cfg.trainer.total_training_steps
         self.actor = Actor(actor_policy(self.policy, self.ranks), cfg, self.total_steps, self.ranks)
         kc = cfg.algorithm.kl_ctrl
@@ -137,9 +144,10 @@ class Trainer:
             else:
                 self.episodes = EpisodeRunner(cfg, self.generator, self.tokenizer, router)
             self.episodes.check(self.tasks)  # environments (and their snapshots, for rollback)
-        # The budgeted tool router (issue #4), off unless router.enable is set.
+        # The budgeted tool router, off unless router.enable is set. With fsdp2 it lives on rank 0
+        # (routes are sampled there; its λ·cost reaches every rank's advantages with the batch).
         self.router: RouterRuntime | None = None
-        if cfg.router.enable:
+        if cfg.router.enable and main:
             envs = self.episodes.router if self.episodes is not None else None
             self.router = RouterRuntime(cfg, self.policy, self.tasks, envs, self.actor)
         if cfg.data.filter_overlong_prompts or self.router is not None:
@@ -238,10 +246,11 @@ class Trainer:
         if batch is None:  # every episode failed in its environment
             return skipped_step(step, rolled, producer)
 
-        lm = self.router is None or not self.router.freeze_lm  # router-only runs skip the LM
+        rc = self.cfg.router
+        lm = not (rc.enable and rc.freeze_lm)  # router-only runs skip the LM (on every rank)
         t0 = time.time()
         extra = self.prepare_old_and_ref(batch, behaviour=producer is not None) if lm else {}
-        kl_metrics = self.compute_advantages(batch) if lm else {}
+        kl_metrics = self.compute_advantages(batch, rolled.price) if lm else {}
         timing["timing/logprob_s"] = time.time() - t0
 
         t0 = time.time()
@@ -302,10 +311,11 @@ class Trainer:
         cfg, mixture = self.cfg, self.mixture
         return advantage_stage.prepare_old_and_ref(batch, cfg, self.actor, mixture, behaviour)
 
-    def compute_advantages(self, batch: Batch) -> dict[str, float]:
-        """Token rewards and advantages (trainer/advantage_stage.py)."""
+    def compute_advantages(self, batch: Batch, price: LmPrice | None = None) -> dict[str, float]:
+        """Token rewards and advantages (trainer/advantage_stage.py); ``price``: the router's
+        λ·cost of the batch's rows, sampled with it."""
         alg = self.cfg.algorithm
-        return advantage_stage.compute_advantages(batch, alg, self.kl_ctrl, self.router)
+        return advantage_stage.compute_advantages(batch, alg, self.kl_ctrl, price)
 
     def validate(self, step: int) -> dict[str, float]:
         """Same tasks and settings as ``toolgrpo eval`` (trainer/validation.py)."""
