@@ -342,9 +342,11 @@ class Trainer:
             stop = getattr(part, "close", None)
             if stop is not None:
                 stop()
+        from toolgrpo.envs.pool import close_env_pools
         from toolgrpo.tools.shared_pool import shutdown_shared_pool
 
         shutdown_shared_pool()  # isolated tools' worker processes (also done at exit)
+        close_env_pools()  # pooled MCP servers (also done at exit)
         self.ranks.close()  # the fsdp2 process group
         if getattr(self, "run_lock", None) is not None:
             self.run_lock.release()  # another process may write trainer.output_dir now
