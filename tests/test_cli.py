@@ -36,7 +36,7 @@ def no_model(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("the model was loaded before the input was checked")
 
-    monkeypatch.setattr("toolgrpo.trainer.trainer.load_policy", refuse)
+    monkeypatch.setattr("toolgrpo.trainer.trainer.start_policy", refuse)
     monkeypatch.setattr("toolgrpo.eval.cli.load_policy", refuse)
     monkeypatch.setattr("toolgrpo.sft.trainer.load_policy", refuse)
 

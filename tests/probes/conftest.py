@@ -61,5 +61,6 @@ def no_model(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("the model was loaded before the input was refused")
 
-    for where in ("toolgrpo.trainer.trainer", "toolgrpo.eval.cli", "toolgrpo.infer"):
+    monkeypatch.setattr("toolgrpo.trainer.trainer.start_policy", refuse)
+    for where in ("toolgrpo.eval.cli", "toolgrpo.infer"):
         monkeypatch.setattr(f"{where}.load_policy", refuse)
