@@ -33,12 +33,14 @@ def test_workers_import_the_runs_env_modules(ray_cluster, make_train_config, tmp
         "trainer.imports": f"[{path}]",
     }
     out = tmp_path / "out"
-    trainer = Trainer(make_train_config(steps=1, out=out, data=data, **ray_overrides(1), **extra))
+    trainer = Trainer(make_train_config(steps=2, out=out, data=data, **ray_overrides(1), **extra))
     try:
         trainer.fit()
     finally:
         trainer.close()
-    (rec,) = read_metrics(out)
-    all_finite(rec)
-    assert rec["ray/worker_compute_s"] > 0 and rec["rollout/env_failures"] == 0.0
-    assert "episode/reverse_word/turns/mean" in rec
+    records = read_metrics(out)
+    assert [r["step"] for r in records] == [1, 2]
+    for rec in records:
+        all_finite(rec)
+        assert rec["ray/worker_compute_s"] > 0 and rec["rollout/env_failures"] == 0.0
+        assert "episode/reverse_word/turns/mean" in rec
