@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import read_metrics, train_overrides, write_jsonl
+from toolgrpo.envs import registry
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "toolgrpo_env_example"
@@ -34,11 +35,16 @@ def site(tmp_path_factory) -> Path:
 
 def train(site: Path, tiny_model_dir: Path, tmp_path: Path, *flags: str) -> list[dict]:
     """``toolgrpo train`` for 2 steps on reverse_word tasks, the package on the path only."""
+    before = set(sys.modules)
     sys.path.insert(0, str(EXAMPLE))
     try:
         from toolgrpo_env_example.reverse import make_rows
-    finally:
+    finally:  # this process keeps no trace: other tests import the package themselves
         sys.path.remove(str(EXAMPLE))
+        for name in set(sys.modules) - before:
+            if name.startswith("toolgrpo_env_example"):
+                del sys.modules[name]
+        registry._REGISTRY.pop("reverse_word", None)
     data = write_jsonl(tmp_path / "rev.jsonl", make_rows(["abc", "tool", "grpo", "plug"]))
     out = tmp_path / "out"
     over = train_overrides(
