@@ -5,6 +5,7 @@ a folder of its own), trains 2 steps in a fresh ``toolgrpo train`` process: foun
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -24,7 +25,9 @@ def site(tmp_path_factory) -> Path:
     target = tmp_path_factory.mktemp("site")
     work = tmp_path_factory.mktemp("build")
     cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation"]
-    cmd += ["--target", str(target), str(EXAMPLE)]
+    source = work / "toolgrpo_env_example"  # pip builds in the source folder: a copy of it
+    shutil.copytree(EXAMPLE, source, ignore=shutil.ignore_patterns("build", "*.egg-info"))
+    cmd += ["--target", str(target), str(source)]
     r = subprocess.run(cmd, cwd=work, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     assert (target / "toolgrpo_env_example" / "reverse.py").is_file()
