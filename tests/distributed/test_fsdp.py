@@ -7,13 +7,13 @@ no ``trainer.distributed.strategy``, so each of these tests failed at import or 
 from __future__ import annotations
 
 import os
-import socket
 
 import pytest
 import torch
 import torch.multiprocessing as mp
 
 from tests.conftest import train_overrides
+from tests.distributed import free_port
 from toolgrpo.config.loader import load_config
 from toolgrpo.config.schema import TrainConfig
 from toolgrpo.trainer.batch import Batch
@@ -89,12 +89,6 @@ def _rank(rank: int, world: int, port: int, args: tuple, out_file: str) -> None:
         leave_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
 def test_two_gloo_ranks_match_one_process(tiny_model_dir, tiny_data, tmp_path, lora):
     """Same global batch → same log-probs (actor and reference), same loss metrics and, after one
@@ -115,7 +109,7 @@ def test_two_gloo_ranks_match_one_process(tiny_model_dir, tiny_data, tmp_path, l
     weights = {k: v.detach() for k, v in actor.policy.model.named_parameters()}
 
     out_file = str(tmp_path / "rank0.pt")
-    mp.spawn(_rank, args=(2, _free_port(), args, out_file), nprocs=2, join=True)
+    mp.spawn(_rank, args=(2, free_port(), args, out_file), nprocs=2, join=True)
     got = torch.load(out_file, weights_only=False)
     torch.testing.assert_close(got["old"], old, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(got["ref"], ref, atol=1e-5, rtol=1e-5)
@@ -194,7 +188,7 @@ def test_one_process_state_resumes_on_two_ranks(tiny_model_dir, tiny_data, tmp_p
     want = {n: p.detach() for n, p in model.named_parameters()}
 
     out = str(tmp_path / "rank0.pt")
-    mp.spawn(_rank_resume, args=(2, _free_port(), args, saved, out), nprocs=2, join=True)
+    mp.spawn(_rank_resume, args=(2, free_port(), args, saved, out), nprocs=2, join=True)
     got = torch.load(out, weights_only=False)
     for name, w in want.items():
         torch.testing.assert_close(got[name], w, atol=1e-5, rtol=1e-4)

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 from pathlib import Path
 
 import pytest
 import torch
 import torch.multiprocessing as mp
 
+from tests.distributed import free_port
 from toolgrpo.config.schema import ModelConfig
 
 MODES = ["full", "lora", "adapter_bf16", "split_files"]
@@ -73,12 +73,6 @@ def _rank(rank: int, world: int, port: int, args: tuple, out: str) -> None:
         torch.save(result, f"{out}.{rank}")
     finally:
         leave_process_group()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
@@ -142,7 +136,7 @@ def test_sharded_start_equals_full_load(tiny_model_dir, adapter_dir, split_dir, 
     torch.manual_seed(0)
     want = load_policy(_model_cfg(*args), trainable=mode != "adapter_bf16").model
     out = str(tmp_path / "rank")
-    mp.spawn(_rank, args=(2, _free_port(), args, out), nprocs=2, join=True)
+    mp.spawn(_rank, args=(2, free_port(), args, out), nprocs=2, join=True)
     got = [torch.load(f"{out}.{r}", weights_only=False) for r in range(2)]
     names = dict(want.named_parameters())
     for g in got:

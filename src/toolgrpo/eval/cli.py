@@ -19,7 +19,7 @@ from toolgrpo.distributed.fsdp import resolve_device
 from toolgrpo.envs.plugins import load_run_plugins
 from toolgrpo.eval.evaluate import check_scorable, evaluate, val_sampling_params
 from toolgrpo.eval.multi_turn import plays_episodes, run_episode_eval
-from toolgrpo.models.identity import BASE_KEY, base_identity, check_base
+from toolgrpo.models.identity import check_checkpoint_base
 from toolgrpo.models.loading import load_policy
 from toolgrpo.models.registry import resolve_model
 from toolgrpo.rewards.scoring import check_task
@@ -47,13 +47,8 @@ def apply_checkpoint(cfg: TrainConfig, checkpoint: str) -> str:
 def check_adapter_base(ckpt: Path, model_path: str) -> None:
     """Refuse an adapter-only checkpoint on a base model other than its own (one line naming
     both); one from before the record is used with a warning."""
-    try:
-        state = json.loads((ckpt / "trainer_state.json").read_text())
-    except (OSError, ValueError, RecursionError):
-        state = None
-    recorded = state.get(BASE_KEY) if isinstance(state, dict) else None
-    current = base_identity(model_path, resolve_model(model_path).hf_dir)
-    check_base(ckpt, recorded, current, "actor_rollout_ref.model.path")
+    key = "actor_rollout_ref.model.path"
+    check_checkpoint_base(ckpt, model_path, resolve_model(model_path).hf_dir, key)
 
 
 def run_eval(*args: Any, **kwargs: Any) -> int:

@@ -25,7 +25,7 @@ from typing import Any
 from toolgrpo.config.loader import ConfigError
 from toolgrpo.config.schema import ModelConfig, TrainConfig
 from toolgrpo.mixture.schedule import FIXED
-from toolgrpo.models.identity import BASE_KEY, base_identity, check_base
+from toolgrpo.models.identity import check_checkpoint_base
 from toolgrpo.models.loading import Policy, load_policy, load_tokenizer
 from toolgrpo.models.registry import resolve_model
 from toolgrpo.rollout.backends import backend_name, make_generator
@@ -94,7 +94,7 @@ def in_checkpoint(path: str, adapter: str) -> tuple[str, str]:
     return path, adapter
 
 
-def check_checkpoint_base(spec: FixedSpec) -> None:
+def check_fixed_base(spec: FixedSpec) -> None:
     """Refuse a checkpoint's adapter on a base other than the one its checkpoint records (one
     line naming both): it would load silently on any base of the same shape. Full weights, and
     adapters outside a checkpoint (an alias's shipped one, a user's own), record no base."""
@@ -108,12 +108,7 @@ def check_checkpoint_base(spec: FixedSpec) -> None:
         config = adapter / "adapter_config.json"
         base = json.loads(config.read_text())["base_model_name_or_path"]  # resolve_model read it
         key = f"base_model_name_or_path in {config}"
-    try:
-        state = json.loads((ckpt / STATE_FILE).read_text())
-    except (OSError, ValueError, RecursionError):
-        state = None
-    recorded = state.get(BASE_KEY) if isinstance(state, dict) else None
-    check_base(ckpt, recorded, base_identity(base, resolve_model(base).hf_dir), key)
+    check_checkpoint_base(ckpt, base, resolve_model(base).hf_dir, key)
 
 
 def tokenizer_mismatch(a: Any, b: Any) -> str | None:
@@ -164,7 +159,7 @@ class FixedPolicies:
             seen.add(s.model.path)
             self._check_tokenizer(s, actor_path)
         for s in {_model_key(s.model): s for s in specs}.values():
-            check_checkpoint_base(s)  # before any weights load
+            check_fixed_base(s)  # before any weights load
         if not offload:
             for s in specs:
                 self._policy(s)

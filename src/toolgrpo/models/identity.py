@@ -10,6 +10,7 @@ sizes). Reading well under a megabyte, it is cheap for any model size.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -76,3 +77,14 @@ def check_base(ckpt: Path, recorded: Any, current: dict[str, str], key: str) -> 
         f"{ckpt} was trained on base model {old} (hash {recorded['hash']}), not on {key}="
         f"{current['path']} (hash {current['hash']}): set {key}={old}"
     )
+
+
+def check_checkpoint_base(ckpt: Path, model_path: str, hf_dir: Path, key: str) -> None:
+    """``check_base`` for checkpoint directory ``ckpt`` (its ``trainer_state.json`` record; an
+    unreadable one counts as no record) against the base at ``model_path`` (``hf_dir``)."""
+    try:
+        state = json.loads((ckpt / "trainer_state.json").read_text())
+    except (OSError, ValueError, RecursionError):
+        state = None
+    recorded = state.get(BASE_KEY) if isinstance(state, dict) else None
+    check_base(ckpt, recorded, base_identity(model_path, hf_dir), key)
