@@ -128,6 +128,9 @@ def cmd_check_train(a: argparse.Namespace) -> int:
     moved = _max_weight_change(Path(a.init_model), ckpt / "model")
     if not moved > 0:
         return _fail(f"the checkpoint's weights equal the initial model's (max change {moved})")
+    missing = [k for k in a.require for r in rows if k not in r]
+    if missing:
+        return _fail(f"metrics missing at some step: {sorted(set(missing))}")
     last = rows[-1]
     parts = [
         f"loss={_fmt(last['actor/loss'])}",
@@ -135,6 +138,7 @@ def cmd_check_train(a: argparse.Namespace) -> int:
         f"grad_norm={_fmt(last.get('actor/grad_norm'))}",
     ]
     parts.append(f"max_weight_change={moved:.2g}")
+    parts += [f"{k}={_fmt(last[k])}" for k in a.require]
     if report["backend"]:
         parts.append(f"backend={report['backend']}")
     if a.device == "cuda":
@@ -201,6 +205,12 @@ def main() -> int:
     s.add_argument("--steps", type=int, required=True)
     s.add_argument("--init-model", required=True, help="the model the run started from")
     s.add_argument("--backend", default=None, help="the process group's expected backend")
+    s.add_argument(
+        "--require",
+        type=lambda x: [k for k in x.split(",") if k],
+        default=[],
+        help="comma-separated metric keys every step must log",
+    )
     s.set_defaults(func=cmd_check_train)
     s = sub.add_parser("rollout-keys")
     s.add_argument("run_dir")

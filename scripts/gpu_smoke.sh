@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # GPU smoke check: on a CUDA machine with PyTorch and transformers, a tiny random model (built
 # here, no hub) trains 2 GRPO steps with trainer.device=cuda (HF rollout, bf16), then 2 steps
-# under FSDP2 with NCCL on one rank, then `toolgrpo eval` scores the FSDP2 run's checkpoint. One
-# line per check; the first failure prints the end of its log and exits 1.
+# under FSDP2 with NCCL on one rank, then configs/all_systems.yaml (the four systems) 2 steps under
+# FSDP2, then `toolgrpo eval` scores the FSDP2 run's checkpoint. One line per check; the first
+# failure prints the end of its log and exits 1.
 #
 #   bash scripts/gpu_smoke.sh [--device cuda|cpu] [--python PY] [--out DIR]
 #
@@ -22,7 +23,7 @@ while [ $# -gt 0 ]; do
     --device) DEVICE=$2; shift 2 ;;
     --python) PY=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
-    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
     *) echo "gpu_smoke.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -31,7 +32,7 @@ OUT=${OUT:-$(mktemp -d "${TMPDIR:-/tmp}/gpu_smoke.XXXXXX")}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 # A rerun into the same --out starts clean: a run directory holding another run is refused.
-rm -rf "$OUT/model" "$OUT/train" "$OUT/fsdp2" "$OUT/eval" "$OUT/cache" "$OUT"/*.report.json
+rm -rf "$OUT/model" "$OUT/train" "$OUT/fsdp2" "$OUT/allsys" "$OUT/eval" "$OUT/cache" "$OUT"/*.report.json
 
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 # toolgrpo.cli's own defaults, set here because the helper imports torch before it.
@@ -112,6 +113,29 @@ check fsdp2 "$label" "$PY" -m torch.distributed.run --standalone --nproc_per_nod
   train "${COMMON[@]}" "trainer.output_dir=$OUT/fsdp2" trainer.distributed.strategy=fsdp2
 verify fsdp2 "$label" "${HELPER[@]}" check-train "$OUT/fsdp2" --report "$OUT/fsdp2.report.json" \
   --device "$DEVICE" --steps 2 --init-model "$OUT/model" --backend "$BACKEND"
+
+# configs/all_systems.yaml (router with a budget, a fixed policy on a schedule, multi-turn envs,
+# rollback with negatives) under FSDP2 on one rank, the tiny model as actor and fixed policy;
+# every step must log each system's metrics.
+MT=actor_rollout_ref.rollout.multi_turn
+ALLSYS=(
+  "actor_rollout_ref.model.path=$OUT/model" "actor_rollout_ref.model.dtype=$DTYPE"
+  "rollout_only.model_path=$OUT/model" actor_rollout_ref.rollout.name=hf "trainer.device=$DEVICE"
+  actor_rollout_ref.rollout.n=2 data.train_batch_size=2 data.max_samples=8
+  data.max_prompt_length=4096 data.max_response_length=48
+  actor_rollout_ref.actor.ppo_mini_batch_size=2 actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2
+  actor_rollout_ref.actor.entropy_coeff=0.01 "$MT.max_tokens_per_turn=12"
+  "$MT.max_tool_response_length=16" trainer.total_training_steps=2 trainer.save_freq=-1
+  "trainer.logger=[console,jsonl]" "trainer.output_dir=$OUT/allsys"
+  trainer.distributed.strategy=fsdp2
+)
+label="all-systems-2-steps $DEVICE $DTYPE_LABEL $BACKEND 1 rank"
+check allsys "$label" "$PY" -m torch.distributed.run --standalone --nproc_per_node 1 \
+  scripts/gpu_smoke.py cli --report "$OUT/allsys.report.json" -- \
+  train configs/all_systems.yaml "${ALLSYS[@]}"
+verify allsys "$label" "${HELPER[@]}" check-train "$OUT/allsys" --report "$OUT/allsys.report.json" \
+  --device "$DEVICE" --steps 2 --init-model "$OUT/model" --backend "$BACKEND" \
+  --require router/lambda,rollout/using_fixed,rollout/negative_samples
 
 label="eval fsdp2 global_step_2 $DEVICE, 8 tasks"
 check eval "$label" "${HELPER[@]}" cli --report "$OUT/eval.report.json" -- \

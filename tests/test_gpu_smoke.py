@@ -31,11 +31,13 @@ def test_dry_mode_passes_every_check(tmp_path):
         "ok   train-2-steps cpu ",
         "info rollout-metrics cpu ",
         "ok   fsdp2-2-steps cpu ",
+        "ok   all-systems-2-steps cpu ",
         "ok   eval fsdp2 global_step_2 cpu",
     ]
     assert [x[: len(e)] for x, e in zip(lines, expected, strict=True)] == expected, r.stdout
     assert "backend=gloo" in lines[3] and "max_weight_change=" in lines[1]
-    assert "num_tasks=8" in lines[4]
+    assert "router/lambda=" in lines[4] and "rollout/negative_samples=" in lines[4]
+    assert "num_tasks=8" in lines[5]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the failure needs a machine without CUDA")
