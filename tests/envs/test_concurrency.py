@@ -11,6 +11,7 @@ import pytest
 
 from toolgrpo.data.task import Task
 from toolgrpo.envs.base import Env, EnvReward, EnvStart
+from toolgrpo.envs.concurrency import slot_taker
 from toolgrpo.envs.registry import EnvConfigError, EnvRouter, register_env
 from toolgrpo.tools.types import ToolResult
 
@@ -91,3 +92,37 @@ def test_bad_max_concurrency_is_refused(bad):
     with pytest.raises(EnvConfigError, match="max_concurrency"):
         EnvRouter({"capped": {"type": "counting", "max_concurrency": bad}})
     assert EnvRouter({"capped": {"type": "counting", "max_concurrency": None}})
+
+
+def test_a_slot_wait_cancelled_or_timed_out_holds_no_slot():
+    """The episode loop waits for a slot before the reset (``slot_taker``): a wait cancelled
+    (the episode was) or timed out (its budget ran out) takes no slot, and closing such an
+    environment gives none back that it never had (the cap would grow)."""
+    router = EnvRouter({"capped": {"type": "counting", "max_concurrency": 1}})
+    assert slot_taker(EnvRouter({"capped": {"type": "counting"}}).make(TASK)) is None  # no cap
+
+    async def run() -> None:
+        holder, cancelled, late = (router.make(TASK) for _ in range(3))
+        await holder.reset()  # holds the only slot
+        waiting = asyncio.ensure_future(slot_taker(cancelled)())
+        await asyncio.sleep(0.02)
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(slot_taker(late)(), 0.05)
+        for env in (holder, cancelled, late):
+            await env.close()
+        first, second = router.make(TASK), router.make(TASK)
+        await asyncio.wait_for(slot_taker(first)(), 1.0)  # the slot is free again
+        await first.reset()  # already holds it: takes no second one
+        with pytest.raises(TimeoutError):  # and there is still only one
+            await asyncio.wait_for(slot_taker(second)(), 0.05)
+        await first.close()
+        await second.close()
+
+    open_now = CountingEnv.open_now
+    try:
+        asyncio.run(run())
+    finally:
+        CountingEnv.open_now = open_now

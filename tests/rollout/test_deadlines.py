@@ -278,3 +278,76 @@ def test_a_timeout_error_the_environment_raises_is_not_our_deadline(tok):  # noq
     ep = asyncio.run(play_task(TASK, RaisesTimeout(), batcher, tok, LIMITS, uid="u"))
     batcher.close()
     assert ep.env_failure == "step raised TimeoutError: my own client gave up"
+
+
+class SlowCalls(AddEnv):
+    """Each call well within the 0.5 s deadline, an episode's calls together well past it."""
+
+    async def reset(self):
+        await asyncio.sleep(0.2)
+        return await super().reset()
+
+    async def step(self, calls):
+        await asyncio.sleep(0.2)
+        return await super().step(calls)
+
+    async def reward(self, transcript):
+        await asyncio.sleep(0.2)
+        return await super().reward(transcript)
+
+
+register_env("test_slow_calls")(lambda task, options: SlowCalls())
+
+
+def test_waiting_for_a_max_concurrency_slot_is_not_the_resets_time(tok):  # noqa: F811
+    """One slot, two episodes: the second waits for the whole first episode (reset, two steps
+    and reward: 0.8 s of calls), longer than the 0.5 s call deadline, and still plays:
+    its reset's deadline starts when the slot is held. Before, the wait was the reset's, and the
+    second episode failed with ``reset did not return within 0.5s``."""
+    gen = ScriptedGenerator(tok, [CALL, CALL, ANSWER])
+    batcher = GenerationBatcher(gen, SamplingParams(max_new_tokens=64))
+    router = EnvRouter({"add": {"type": "test_slow_calls", "max_concurrency": 1}})
+    try:
+        eps = asyncio.run(
+            asyncio.wait_for(play_tasks([TASK], 2, router, batcher, tok, LIMITS), OUTER_S)
+        )
+    finally:
+        batcher.close()
+    assert [e.env_failure for e in eps] == [None, None]
+    assert all(e.reward == 1.0 and e.num_turns == 3 for e in eps)
+    waits = sorted(e.meta["env_slot_wait_s"] for e in eps)
+    assert waits[0] < 0.2 and waits[1] > DEADLINE, waits  # the second did queue past it
+
+
+def test_a_slot_wait_past_the_episode_budget_is_an_environment_failure(tok):  # noqa: F811
+    """While another environment holds the only slot, an episode waits until its budget of
+    environment time runs out, and fails saying it waited for a slot (not that reset timed out);
+    the slots all come back afterwards."""
+    gen = ScriptedGenerator(tok, [ANSWER])
+    batcher = GenerationBatcher(gen, SamplingParams(max_new_tokens=64))
+    router = EnvRouter({"add": {"type": "test_hangs", "how": "await", "max_concurrency": 1}})
+    limits = EpisodeLimits(
+        max_response_length=400, env_call_timeout_s=5.0, env_episode_timeout_s=0.3
+    )
+
+    async def run():
+        squatter = router.make(TASK)
+        await squatter.reset()  # holds the only slot
+        t0 = time.monotonic()
+        (failed,) = await play_tasks([TASK], 1, router, batcher, tok, limits)
+        took = time.monotonic() - t0
+        await squatter.close()
+        after = await play_tasks([TASK], 2, router, batcher, tok, limits)  # a slot is free again
+        return failed, took, after
+
+    try:
+        failed, took, after = asyncio.run(asyncio.wait_for(run(), OUTER_S))
+    finally:
+        batcher.close()
+    assert failed.stop_reason == "env_error" and failed.reward == limits.error_reward
+    assert failed.env_failure == (
+        "waited for a max_concurrency slot of task type 'add' until the episode's 0.3s of "
+        "environment time ran out (actor_rollout_ref.rollout.multi_turn.env_episode_timeout_s)"
+    )
+    assert 0.25 < failed.meta["env_slot_wait_s"] and took < 2.0
+    assert [e.env_failure for e in after] == [None, None]

@@ -2,19 +2,24 @@
 
 A server with a session limit (an OpenEnv server's ``max_concurrent_envs``, ``toolgrpo serve-env
 --max-sessions``) or a machine that can start only so many tool servers is asked for no more
-sessions than it holds: an episode's ``reset`` first waits for one of the type's slots, and its
-``close`` gives the slot back. The wait is part of the reset, so it counts against the reset's
-deadline (``multi_turn.env_call_timeout_s``). One process's cap: each Ray rollout worker has its
-own.
+sessions than it holds: an episode first waits for one of the type's slots, then resets, and its
+``close`` gives the slot back (also after a failure or a cancellation). The wait is a queue, not a
+call that may hang: the episode loop awaits it before the reset (``slot_taker``), so the reset's
+deadline (``multi_turn.env_call_timeout_s``) starts once the slot is held. The episode's budget of
+environment time (``multi_turn.env_episode_timeout_s``) bounds the wait without being spent by it.
+One process's cap: each Ray rollout worker has its own.
 """
 
 from __future__ import annotations
 
 import asyncio
 import weakref
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from toolgrpo.envs.base import Env, off_loop
+
+_TAKER = "_toolgrpo_take_slot"  # set on a capped environment by ``hold_slot``
 
 
 class EnvSlots:
@@ -38,17 +43,21 @@ class EnvSlots:
 
 
 def hold_slot(env: Env, slots: EnvSlots) -> Env:
-    """``env`` with a slot taken before its ``reset`` and given back after its ``close`` (also
-    when reset never got one, or the episode failed); ``env`` itself, not a wrapper, so the
-    episode loop sees its attributes as they are."""
+    """``env`` with a slot taken before its ``reset`` (if ``slot_taker`` did not already) and
+    given back after its ``close`` (also when reset never got one, or the episode failed or was
+    cancelled); ``env`` itself, not a wrapper, so the episode loop sees its attributes as they
+    are."""
     reset, close = env.reset, env.close
     held: list[asyncio.Semaphore] = []
 
-    async def reset_in_slot() -> Any:
+    async def take() -> None:
         if not held:
             sem = slots.semaphore()
-            await sem.acquire()
+            await sem.acquire()  # cancelled while waiting: nothing is held
             held.append(sem)
+
+    async def reset_in_slot() -> Any:
+        await take()
         return await off_loop(reset)
 
     async def close_and_free() -> None:
@@ -60,4 +69,11 @@ def hold_slot(env: Env, slots: EnvSlots) -> Env:
 
     env.reset = reset_in_slot  # type: ignore[method-assign]
     env.close = close_and_free  # type: ignore[method-assign]
+    setattr(env, _TAKER, take)
     return env
+
+
+def slot_taker(env: Env) -> Callable[[], Awaitable[None]] | None:
+    """What waits for ``env``'s slot, for the episode loop to await before the reset, so that
+    queueing is not counted as the reset's call time; None when its task type has no cap."""
+    return getattr(env, _TAKER, None)

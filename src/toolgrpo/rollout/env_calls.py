@@ -5,7 +5,10 @@ Every call the episode loop makes into its environment (``reset``, ``step``, ``n
 (``multi_turn.env_call_timeout_s``) or what is left of the episode's budget of environment time
 (``multi_turn.env_episode_timeout_s``; generation does not count: a slow backend is not the
 environment's failure), whichever comes first. A call past it raises ``EnvDeadline``, which the
-loop turns into an environment failure; the other episodes of the step go on.
+loop turns into an environment failure; the other episodes of the step go on. Waiting in a queue
+(a ``max_concurrency`` slot, ``EnvClock.wait``) is not a call: it is bounded by the episode's
+budget but does not spend it, so the reset's call deadline, and the episode's budget for its
+calls, start once the slot is held.
 
 A coroutine method is awaited until the deadline, then cancelled and abandoned. A plain (sync)
 method runs in a daemon thread of its own, not on the event loop, so a blocking one (a simulator
@@ -21,7 +24,7 @@ import asyncio
 import functools
 import inspect
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from toolgrpo.tools.schema import in_thread
@@ -46,6 +49,28 @@ class EnvClock:
         self.call_timeout_s = call_timeout_s or None
         self.episode_timeout_s = episode_timeout_s or None
         self.spent_s = 0.0  # wall time inside environment calls so far
+        self.waited_s = 0.0  # queued (``wait``) before the calls, not counted in ``spent_s``
+
+    async def wait(self, why: str, fn: Callable[[], Awaitable[Any]]) -> float:
+        """Await ``fn()``, a queue rather than a call that may hang (a ``max_concurrency`` slot):
+        no call deadline, bounded by the episode's budget without spending it (queueing is not
+        the environment's time). Returns the seconds waited; past the budget, ``EnvDeadline``
+        saying ``why``."""
+        left = None
+        if self.episode_timeout_s is not None:
+            left = max(self.episode_timeout_s - self.spent_s, 0.0)
+        t0 = time.perf_counter()
+        try:  # wait_for, not bounded: the wait is over (cancelled) when this returns
+            await asyncio.wait_for(fn(), left)
+        except TimeoutError:
+            raise EnvDeadline(
+                f"{why} until the episode's {self.episode_timeout_s:g}s of environment time "
+                f"ran out ({_KEY}env_episode_timeout_s)"
+            ) from None
+        finally:
+            waited = time.perf_counter() - t0
+            self.waited_s += waited
+        return waited
 
     async def call(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
         """``fn(*args)`` (a coroutine function or a sync one) within the deadline, or

@@ -18,6 +18,7 @@ from typing import Any
 from toolgrpo import progress
 from toolgrpo.data.task import Task
 from toolgrpo.envs.base import Env, EnvStart, Transcript
+from toolgrpo.envs.concurrency import slot_taker
 from toolgrpo.envs.registry import EnvRouter
 from toolgrpo.rollout.batcher import GenerationBatcher
 from toolgrpo.rollout.env_calls import EnvClock, bounded, failure_reason, timeout_failure
@@ -62,6 +63,7 @@ class EpisodeLimits:
     error_reward: float = -1.0
     # Deadlines (``env_calls.EnvClock``): one environment call, and all of an episode's calls
     # together (generation not counted); past either, an environment failure. 0 = no limit.
+    # Waiting for a ``max_concurrency`` slot spends only the episode's budget, not a call's.
     env_call_timeout_s: float = 60.0
     env_episode_timeout_s: float = 900.0
     # How the model writes tool calls (``rollout.tool_parsers``): hermes | llama3_json | mistral.
@@ -90,11 +92,16 @@ async def play_task(
     ``fatal_error``, misses a deadline or times out a tool call ends the episode with
     ``env_failure`` set (``env_failed``)."""
     clock = EnvClock(limits.env_call_timeout_s, limits.env_episode_timeout_s)
+    take_slot = slot_taker(env)
     try:
+        if take_slot is not None:  # a queue, not the reset's call time (``envs/concurrency``)
+            why = f"waited for a max_concurrency slot of task type {task.task_type!r}"
+            await clock.wait(why, take_slot)
         start = await clock.call("reset", env.reset)
     except Exception as exc:
         ep = Episode(task.task_id, task.task_type, uid, [])
         ep.policy_version = policy_version
+        _note_slot_wait(ep, take_slot, clock)
         return env_failed(ep, failure_reason("reset", exc), limits)
     if condition is not None:
         start = condition(start)
@@ -102,6 +109,7 @@ async def play_task(
     prompt_text, prompt_ids = encode_prompt(tokenizer, messages, tools)
     ep = Episode(task.task_id, task.task_type, uid, prompt_ids, messages=messages)
     ep.policy_version = policy_version
+    _note_slot_wait(ep, take_slot, clock)
     if env.fatal_error:  # e.g. a remote environment that could not be reached
         return await _finish(ep, env, tokenizer, step, limits, clock)
     if len(ep.prompt_ids) > limits.max_prompt_length:
@@ -195,6 +203,12 @@ async def play_task(
     if guard is not None:
         guard.finish(ep)
     return await _finish(ep, env, tokenizer, step, limits, clock)
+
+
+def _note_slot_wait(ep: Episode, take_slot: Any, clock: EnvClock) -> None:
+    """Record how long a capped task type's episode queued for its slot (``Episode.meta``)."""
+    if take_slot is not None:
+        ep.meta["env_slot_wait_s"] = clock.waited_s
 
 
 async def _finish(
