@@ -73,8 +73,8 @@ def test_bad_device_name_is_a_config_error(make_train_config):
 def test_features_outside_the_sharded_passes_are_refused(make_train_config):
     from toolgrpo.distributed.fsdp import check_strategy
 
-    cfg = make_train_config(
-        **{"trainer.distributed.strategy": "fsdp2", "algorithm.adv_estimator": "gae"}
-    )
-    with pytest.raises(ConfigError, match="does not support algorithm.adv_estimator=gae"):
+    fsdp2 = {"trainer.distributed.strategy": "fsdp2"}
+    check_strategy(make_train_config(**fsdp2, **{"algorithm.adv_estimator": "gae"}))  # it runs
+    cfg = make_train_config(**fsdp2, **{"async_training.enable": "true"})
+    with pytest.raises(ConfigError, match="does not support async_training.enable"):
         check_strategy(cfg)

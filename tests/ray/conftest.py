@@ -124,11 +124,11 @@ def train(cfg, faults: dict | None = None, inspect: bool = False) -> Run:
             if faults:
                 pool, orig = trainer.pool, trainer.pool.generate
 
-                def generate(prompts, params):
+                def generate(prompts, params, *policy):
                     hook = faults.pop(trainer.step + 1, None)
                     if hook is not None:
                         hook(pool)
-                    return orig(prompts, params)
+                    return orig(prompts, params, *policy)
 
                 pool.generate = generate
             trainer.fit()

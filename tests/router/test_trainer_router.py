@@ -62,8 +62,12 @@ def test_router_only_single_turn_run(make_train_config, tmp_path, monkeypatch):
     trainer = Trainer(cfg)
     plans = _capture_plans(trainer)
     comps = []
-    orig_rollout = trainer.router.rollout
-    trainer.router.rollout = lambda *a: comps.append(orig_rollout(*a)) or comps[-1]
+    import toolgrpo.trainer.rollout_stage as stage_mod
+
+    orig_rollout = stage_mod.routed_rollout  # the routed single-turn rollout of each plan
+    monkeypatch.setattr(
+        stage_mod, "routed_rollout", lambda *a: comps.append(orig_rollout(*a)) or comps[-1]
+    )
     lm_before = {k: v.clone() for k, v in trainer.policy.model.state_dict().items()}
     head_before = [p.detach().clone() for p in trainer.router.policy.head.parameters()]
     trainer.fit()

@@ -238,6 +238,7 @@ TRAIN_RULES: dict[str, Any] = {
     "trainer.distributed.call_timeout_s": POS,
     "trainer.distributed.max_worker_restarts": NONNEG,
     "trainer.distributed.strategy": OneOf(("none", "fsdp2")),
+    "trainer.distributed.rollout_ranks": OneOf(("auto", "all", "main")),
     "trainer.nnodes": POS,
     "trainer.n_gpus_per_node": NONNEG,
     "async_training.staleness_threshold": NONNEG,

@@ -254,6 +254,10 @@ class DistributedConfig:
     # The update: "none" = one process; "fsdp2" = data-parallel FSDP2 over the torchrun ranks
     # (gloo on CPU, nccl on GPU; docs/scale_out.md).
     strategy: str = "none"
+    # Who samples under fsdp2: "all" = every rank its share of the step's prompt groups, each
+    # with its own rollout copy; "main" = rank 0 alone; "auto" = all with the local backend,
+    # rank 0's Ray pool with backend=ray.
+    rollout_ranks: str = "auto"
     ray_init_kwargs: dict[str, Any] = field(default_factory=dict)  # e.g. {num_cpus: 2}
 
 

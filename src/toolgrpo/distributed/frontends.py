@@ -1,6 +1,7 @@
-"""What the trainer holds in Ray mode: a ``Generator`` and an ``EpisodeRunner`` whose work runs on
-the pool's workers. The trainer's code paths (single-turn rollouts, the router's rollouts,
-validation, multi-turn episodes) stay the same as with a local backend."""
+"""What the trainer holds in Ray mode: a ``Generator`` per policy (the actor's, and one per fixed
+policy of a mixture) and an ``EpisodeRunner``, whose work runs on the pool's workers. The
+trainer's code paths (single-turn rollouts, the router's rollouts, validation, multi-turn
+episodes, the mixture's parts) stay the same as with a local backend."""
 
 from __future__ import annotations
 
@@ -19,14 +20,16 @@ if TYPE_CHECKING:
 
 class PoolGenerator:
     """``generate`` split across the workers: n completions per prompt, grouped by prompt in
-    prompt order, as every local backend returns them."""
+    prompt order, as every local backend returns them. ``policy``: the fixed policy that samples
+    (its label), None for the actor."""
 
-    def __init__(self, pool: RolloutPool) -> None:
+    def __init__(self, pool: RolloutPool, policy: str | None = None) -> None:
         self.pool = pool
-        self.eos_ids = list(pool.eos_ids)
+        self.policy = policy
+        self.eos_ids = list(pool.eos_ids)  # fixed policies share the actor's tokenizer
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
-        return self.pool.generate(prompts, params)
+        return self.pool.generate(prompts, params, self.policy)
 
 
 class PoolEpisodeRunner(EpisodeRunner):
@@ -47,9 +50,12 @@ class PoolEpisodeRunner(EpisodeRunner):
         rollback: bool = True,
         conditions: Sequence[Condition | None] | None = None,
     ) -> list[Episode]:
-        if generator is not None and generator is not self.generator:
-            # Another policy's generator (it lives in this process): play here, as locally.
+        policy = None
+        if isinstance(generator, PoolGenerator) and generator.pool is self.pool:
+            policy = generator.policy  # a fixed policy's episodes, played by the workers too
+        elif generator is not None and generator is not self.generator:
+            # A generator that lives in this process: play here, as locally.
             return super().play(
                 tasks, params, step, policy_version, generator, rollback, conditions
             )
-        return self.pool.play(tasks, params, step, policy_version, rollback, conditions)
+        return self.pool.play(tasks, params, step, policy_version, rollback, conditions, policy)

@@ -1,10 +1,11 @@
 """Data-parallel FSDP2 for the update (``trainer.distributed.strategy=fsdp2``, under torchrun).
 
-Every rank runs the same loop; rank 0 alone samples, logs and writes checkpoints. The actor (and
-reference) are sharded with ``torch.distributed.fsdp.fully_shard``: one unit per decoder layer
-plus a root owning the embeddings, final norm, LM head and value head. The root, ``ShardedLM``,
-runs whatever log-prob function it is given, so the log-prob code (which calls the decoder and
-the head separately) goes through one FSDP root, and tied embeddings stay in one unit.
+Every rank runs the same loop and samples its share of each step's prompt groups (or rank 0 alone,
+``trainer.distributed.rollout_ranks=main``); rank 0 alone logs and writes checkpoints. The actor
+(and reference) are sharded with ``torch.distributed.fsdp.fully_shard``: one unit per decoder layer
+plus a root owning the embeddings, final norm, LM head and value head. The root, ``ShardedLM``, runs
+whatever log-prob function it is given, so the log-prob code (which calls the decoder and the head
+separately) goes through one FSDP root, and tied embeddings stay in one unit.
 """
 
 from __future__ import annotations
@@ -53,10 +54,24 @@ class Ranks:
     world: int = 1
     sharded: bool = False
     device: torch.device = torch.device("cpu")
+    rollout_all: bool = False  # every rank samples its share (trainer.distributed.rollout_ranks)
 
     @property
     def main(self) -> bool:
         return self.rank == 0
+
+    @property
+    def samples(self) -> bool:
+        """This rank generates rollouts (and so holds a whole rollout copy of the policy)."""
+        return self.main or self.rollout_all
+
+    def gather(self, obj: Any) -> list[Any] | None:
+        """Every rank's ``obj`` on rank 0, in rank order (pickled); None on other ranks."""
+        if self.world == 1:
+            return [obj]
+        box: list[Any] | None = [None] * self.world if self.main else None
+        dist.gather_object(obj, box, dst=0)
+        return box
 
     def broadcast(self, obj: Any) -> Any:
         """Rank 0's ``obj`` on every rank (pickled; batches are small next to the weights)."""
@@ -121,7 +136,8 @@ def leave_process_group(timeout_s: float = 60.0) -> None:
 def check_strategy(cfg: Any) -> None:
     """What a sharded update cannot run, each with its reason. The router (on rank 0, its
     λ·cost sent with the batch), the mixture (fixed policies sample on rank 0; every rank
-    corrects the broadcast batch) and rollback negatives (rows of the batch) all run."""
+    corrects the broadcast batch), rollback negatives (rows of the batch) and GAE's value head
+    (in the root unit, saved and loaded whole) all run."""
     strategy = cfg.trainer.distributed.strategy
     if strategy == "none":
         return
@@ -136,11 +152,6 @@ def check_strategy(cfg: Any) -> None:
             cfg.router.enable and cfg.router.lr is None,
             "it puts the router head (on rank 0 only) into the actor's optimizer, whose state "
             "is sharded over every rank; give the head its own SGD with router.lr",
-        ),
-        "algorithm.adv_estimator=gae": (
-            cfg.algorithm.adv_estimator == "gae",
-            "the value head is sharded with the actor's root unit, but checkpoints save and "
-            "load it as one process's whole tensors, so a sharded run could not be resumed",
         ),
     }
     on = [f"{k} ({why})" for k, (bad, why) in refused.items() if bad]
@@ -187,7 +198,24 @@ def start_ranks(cfg: Any) -> Ranks:
         if device.type == "cuda":
             torch.cuda.set_device(device)
         dist.init_process_group(backend)
-    return Ranks(dist.get_rank(), dist.get_world_size(), True, device)
+    world = dist.get_world_size()
+    return Ranks(dist.get_rank(), world, True, device, world > 1 and rollout_on_all(cfg))
+
+
+def rollout_on_all(cfg: Any) -> bool:
+    """``trainer.distributed.rollout_ranks`` resolved: with the local backend every rank samples
+    unless ``main``; with Ray, rank 0's pool samples (``all`` is refused: the pool is the
+    scale-out of generation there)."""
+    d = cfg.trainer.distributed
+    if d.backend == "ray":
+        if d.rollout_ranks == "all":
+            raise ConfigError(
+                "trainer.distributed.rollout_ranks=all with backend=ray: the Ray rollout pool "
+                "samples for every rank; size it with trainer.distributed.num_rollout_workers "
+                "and leave rollout_ranks=auto"
+            )
+        return False
+    return d.rollout_ranks != "main"
 
 
 def _check_divides(cfg: Any, world: int) -> None:
@@ -252,7 +280,8 @@ def full_tensors(root: torch.nn.Module, only_trainable: bool) -> Iterator[tuple[
 
 
 def gather_into(root: torch.nn.Module, target: torch.nn.Module | None, only_trainable: bool):
-    """Copy the sharded weights into rank 0's unsharded ``target`` (None on other ranks)."""
+    """Copy the sharded weights into this rank's unsharded ``target`` (None on a rank that
+    keeps no rollout copy)."""
     params = dict(target.named_parameters()) if target is not None else None
     with torch.no_grad():
         for name, full in full_tensors(root, only_trainable):
@@ -328,3 +357,27 @@ class FsdpOptimizerView:
             {"state": state, "param_groups": groups},
             options=StateDictOptions(full_state_dict=True),
         )
+
+
+def full_module_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """``module.state_dict()`` with whole tensors on the CPU where FSDP2 sharded them, as one
+    process saves it (the value head). A collective: every rank calls it, in the same order."""
+    whole = {}
+    for name, t in module.state_dict().items():
+        full = t.full_tensor() if hasattr(t, "full_tensor") else t
+        whole[name] = full.detach().cpu().clone()
+    return whole
+
+
+def load_full_module_state(root: torch.nn.Module, name: str, full: dict[str, torch.Tensor]) -> None:
+    """Rank 0's whole ``full`` (``root.<name>.state_dict()``'s keys, e.g. a one-process
+    checkpoint's value head) into every rank's shards of that submodule; a collective."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    own = {k: tuple(t.shape) for k, t in root.get_submodule(name).state_dict().items()}
+    got = {k: tuple(t.shape) for k, t in full.items()}
+    if full and got != own:  # load_state_dict's check, before any rank enters the broadcast
+        raise ValueError(f"{name}: saved tensors {got} do not fit {own}")
+    sd = {f"{name}.{k}": v for k, v in full.items()}
+    opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=False)
+    set_model_state_dict(root, sd if dist.get_rank() == 0 else {}, options=opts)

@@ -5,6 +5,10 @@ environments. The trainer pushes weights through the object store, one ``ray.put
 a rollout call is cut into contiguous chunks, one per worker, each seeded independently of the
 worker that runs it (``chunks.CallSeeds``), and the results are put back in call order.
 
+With a mixture (``rollout_only.model_path``) every worker also holds the fixed policies: a call
+may name one (``policy``), and ``fixed_generators`` are the driver's handles on them, so the fixed
+share of generation scales out with the pool as the actor's does.
+
 Fault tolerance: every remote call has a deadline (``call_timeout_s``). A worker that dies (its
 process crashed, was killed, or lost its node) or misses a deadline is killed and replaced, the
 replacement gets the current weights, and the chunk it held is run again; the run continues.
@@ -90,6 +94,7 @@ class RolloutPool:
     def __init__(self, cfg: TrainConfig) -> None:
         import ray
 
+        fixed = checked_fixed_labels(cfg)  # a bad one fails here, not as N workers' crashes
         self._ray = ray
         self.cfg = cfg
         self.dist = d = cfg.trainer.distributed
@@ -131,6 +136,8 @@ class RolloutPool:
         from toolgrpo.distributed.frontends import PoolGenerator
 
         self.generator = PoolGenerator(self)
+        # One generator per fixed policy of the mixture, sampling on the workers.
+        self.fixed_generators = {label: PoolGenerator(self, label) for label in fixed}
 
     # ---- the trainer's interface ----------------------------------------------------------
     def episode_runner(self, tokenizer: Any, router: Any) -> Any:
@@ -151,10 +158,16 @@ class RolloutPool:
             s.version = version
         self.weight_push_s = time.perf_counter() - t0
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
+    def generate(
+        self, prompts: list[list[int]], params: SamplingParams, policy: str | None = None
+    ) -> list[Completion]:
+        """``params.n`` completions per prompt by ``policy`` (a fixed policy's label; None = the
+        actor), grouped by prompt in prompt order."""
         ranges = split_even(len(prompts), len(self._slots))
         seeds = self._seeds.next(len(ranges))
-        args = [(prompts[s:e], params, seed) for (s, e), seed in zip(ranges, seeds, strict=True)]
+        args = [
+            (prompts[s:e], params, seed, policy) for (s, e), seed in zip(ranges, seeds, strict=True)
+        ]
         out: list[Completion] = []
         for (start, _), res in zip(ranges, self._rollout("generate", args), strict=True):
             out.extend(replace(c, prompt_index=c.prompt_index + start) for c in res.items)
@@ -168,9 +181,11 @@ class RolloutPool:
         policy_version: int,
         rollback: bool = True,
         conditions: Sequence[Condition | None] | None = None,
+        policy: str | None = None,
     ) -> list[Episode]:
-        """``params.n`` episodes per task, grouped by task in task order, played on the workers;
-        ``conditions`` (task-major, n per task) travel with their tasks."""
+        """``params.n`` episodes per task, grouped by task in task order, played on the workers
+        by ``policy`` (a fixed policy's label; None = the actor); ``conditions`` (task-major, n
+        per task) travel with their tasks."""
         n = params.n
         if conditions is not None and len(conditions) != len(tasks) * n:
             raise ValueError(f"{len(conditions)} conditions for {len(tasks) * n} episodes")
@@ -185,6 +200,7 @@ class RolloutPool:
                 rollback,
                 list(conditions[s * n : e * n]) if conditions is not None else None,
                 seed,
+                policy,
             )
             for (s, e), seed in zip(ranges, seeds, strict=True)
         ]
@@ -346,6 +362,21 @@ class RolloutPool:
             self._ray.kill(actor, no_restart=True)
         except Exception as exc:  # already gone
             log.debug("ray.kill: %s", exc)
+
+
+def checked_fixed_labels(cfg: TrainConfig) -> list[str]:
+    """The labels of the mixture's fixed policies (none without ``rollout_only.model_path``),
+    after the driver's checks of their tokenizer and base (no weights): a wrong path or
+    tokenizer is the one-line ``ConfigError`` of a local run, raised before any worker loads."""
+    if not cfg.rollout_only.model_path:
+        return []
+    from toolgrpo.mixture.policies import check_fixed, fixed_specs
+    from toolgrpo.models.loading import load_tokenizer
+    from toolgrpo.models.registry import resolve_model
+
+    specs, actor = fixed_specs(cfg), cfg.actor_rollout_ref.model.path
+    check_fixed(specs, load_tokenizer(resolve_model(actor).hf_dir), actor)
+    return [s.label for s in specs]
 
 
 def _summary(err: BaseException, limit: int = 600) -> str:

@@ -1,14 +1,14 @@
 """Sharded start for FSDP2: no rank reads a whole model it does not keep.
 
-Ranks other than 0 build the policy with its parameters on the meta device (``load_policy(...,
-empty=True)``); rank 0 loads its whole rollout copy and hands the actor a meta copy of it instead
-of a full one. ``fully_shard`` then runs the usual plan on the meta modules, ``to_empty`` gives each
-rank storage for its own shards only, and each rank reads just its rows of every weight from the
-safetensors files (``safe_open(...).get_slice``). Buffers (rotary frequencies) are computed when
-the modules are built and kept; weights no file holds (a fresh LoRA adapter's random init) are
-rank 0's, broadcast one tensor at a time (they are small). A checkpoint the files cannot fill
-(no safetensors, a weight under another name or shape) falls back to the full load, with the
-reason logged once.
+Ranks that do not sample build the policy with its parameters on the meta device (``load_policy(...,
+empty=True)``); a rank that samples (rank 0, or every rank when all sample) loads its whole rollout
+copy and hands the actor a meta copy of it instead of a full one. ``fully_shard`` then runs the
+usual plan on the meta modules, ``to_empty`` gives each rank storage for its own shards only, and
+each rank reads just its rows of every weight from the safetensors files
+(``safe_open(...).get_slice``). Buffers (rotary frequencies) are computed when the modules are built
+and kept; weights no file holds (a fresh LoRA adapter's random init) are rank 0's, broadcast one
+tensor at a time (they are small). A checkpoint the files cannot fill (no safetensors, a weight
+under another name or shape) falls back to the full load, with the reason logged once.
 """
 
 from __future__ import annotations
@@ -129,21 +129,22 @@ def sharded_start(policy_dir: Path, ranks: Ranks) -> bool:
 def start_policy(
     cfg: ModelConfig, ranks: Ranks, trainable: bool = True, whole_on_main: bool = True
 ) -> Policy:
-    """The policy as a rank starts with it: whole where it samples (rank 0, ``whole_on_main``)
-    or where loading by shards is impossible; elsewhere empty, for ``shard_policy`` to fill."""
+    """The policy as a rank starts with it: whole where it samples (rank 0, or every rank when
+    all ranks sample; ``whole_on_main``) or where loading by shards is impossible; elsewhere
+    empty, for ``shard_policy`` to fill."""
     from toolgrpo.models.registry import resolve_model
 
     device = ranks.device
     if not sharded_start(resolve_model(cfg.path).hf_dir, ranks):
         return load_policy(cfg, trainable, device)
-    return load_policy(cfg, trainable, device, empty=not (whole_on_main and ranks.main))
+    return load_policy(cfg, trainable, device, empty=not (whole_on_main and ranks.samples))
 
 
 def actor_policy(policy: Policy, ranks: Ranks) -> Policy:
-    """The policy the actor shards. Rank 0 keeps ``policy`` whole for rollouts and gives the
-    actor a copy: a meta one when the files fill the shards, else a full one; other ranks
-    give their own (empty, or whole when loading by shards is impossible)."""
-    if not (ranks.sharded and ranks.main):
+    """The policy the actor shards. A rank that samples keeps ``policy`` whole for rollouts
+    and gives the actor a copy: a meta one when the files fill the shards, else a full one;
+    other ranks give their own (empty, or whole when loading by shards is impossible)."""
+    if not (ranks.sharded and ranks.samples):
         return policy
     if sharded_start(policy.resolved.hf_dir, ranks):
         return replace(policy, model=meta_copy(policy.model))

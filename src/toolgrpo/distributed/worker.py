@@ -3,7 +3,9 @@
 The class is plain Python; ``RolloutPool`` wraps it with ``ray.remote`` and runs each instance in
 its own process, so this module imports (and its logic can be tested) without Ray. The worker
 never trains: it loads the same model the trainer does (same dtypes, so its sampling log-probs
-are the trainer's), then only ever receives versioned weights.
+are the trainer's), then only ever receives versioned weights. With a mixture
+(``rollout_only.model_path``) it also loads the run's fixed policies, frozen and never sent
+weights, and samples them when a call names one.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ class WorkerInfo:
     version: int
     eos_ids: tuple[int, ...]
     load_s: float  # model, generator and environments, inside the worker
+    fixed_loaded: int = 0  # fixed policies' models held now (0 with rollout_only.offload)
 
 
 def seed_everything(seed: int) -> None:
@@ -62,6 +65,7 @@ class RolloutWorker:
     def __init__(self, cfg: TrainConfig, index: int) -> None:
         # Imported here: the trainer imports this module, and a worker needs the heavy parts only.
         from toolgrpo.envs.plugins import load_plugins
+        from toolgrpo.mixture.policies import FixedPolicies, fixed_specs
         from toolgrpo.models.loading import load_policy
         from toolgrpo.trainer.episodes import EpisodeRunner, make_router
 
@@ -80,6 +84,18 @@ class RolloutWorker:
         self.policy.model.requires_grad_(False)
         self.policy.model.eval()
         self.generator = make_generator(cfg, self.policy)
+        # The mixture's fixed policies (a replacement worker loads them again here); the pool
+        # checked their tokenizer and base before any worker started.
+        self.fixed: FixedPolicies | None = None
+        if cfg.rollout_only.model_path:
+            self.fixed = FixedPolicies(
+                fixed_specs(cfg),
+                self.policy.tokenizer,
+                cfg.actor_rollout_ref.model.path,
+                cfg.rollout_only.offload,
+                cfg,
+                check=False,
+            )
         self.runner = None
         if cfg.actor_rollout_ref.rollout.multi_turn.enable:
             flags = RllaFlags(**asdict(cfg.reward.rlla))
@@ -93,7 +109,10 @@ class RolloutWorker:
 
     # ---- control --------------------------------------------------------------------------
     def ping(self) -> WorkerInfo:
-        return WorkerInfo(self.index, os.getpid(), self._version, self._eos_ids, self._load_s)
+        fixed = self.fixed.loaded if self.fixed is not None else 0
+        return WorkerInfo(
+            self.index, os.getpid(), self._version, self._eos_ids, self._load_s, fixed
+        )
 
     def version(self) -> int:
         return self._version
@@ -118,6 +137,8 @@ class RolloutWorker:
         self._fault = kind
 
     def close(self) -> None:
+        if self.fixed is not None:
+            self.fixed.close()  # vLLM engines of fixed models of their own shape
         stop = getattr(self.generator, "close", None)
         if stop is not None:
             stop()
@@ -125,11 +146,22 @@ class RolloutWorker:
         close_env_pools()  # pooled MCP servers
 
     # ---- work -----------------------------------------------------------------------------
-    def generate(self, prompts: list[list[int]], params: SamplingParams, seed: int) -> ChunkResult:
+    def generate(
+        self,
+        prompts: list[list[int]],
+        params: SamplingParams,
+        seed: int,
+        policy: str | None = None,
+    ) -> ChunkResult:
+        """Completions of ``policy`` (a fixed policy's label; None = the actor)."""
         self._maybe_fail()
         t0 = time.perf_counter()
-        seed_everything(seed)
-        comps: list[Completion] = self.generator.generate(prompts, params)
+        try:
+            generator = self._generator(policy)
+            seed_everything(seed)  # after a load (offload), so samples depend on the seed only
+            comps: list[Completion] = generator.generate(prompts, params)
+        finally:
+            self._release(policy)
         return ChunkResult(comps, time.perf_counter() - t0, self._version, self.index)
 
     def play(
@@ -141,16 +173,41 @@ class RolloutWorker:
         rollback: bool,
         conditions: Sequence[Condition | None] | None,
         seed: int,
+        policy: str | None = None,
     ) -> ChunkResult:
+        """Episodes of ``policy`` (a fixed policy's label; None = the actor)."""
         if self.runner is None:
             raise RuntimeError("play() needs actor_rollout_ref.rollout.multi_turn.enable=true")
         self._maybe_fail()
         t0 = time.perf_counter()
-        seed_everything(seed)
-        episodes: list[Episode] = self.runner.play(
-            tasks, params, step, policy_version, rollback=rollback, conditions=conditions
-        )
+        try:
+            generator = self._generator(policy)
+            seed_everything(seed)
+            episodes: list[Episode] = self.runner.play(
+                tasks, params, step, policy_version, generator, rollback, conditions
+            )
+        finally:
+            self._release(policy)
         return ChunkResult(episodes, time.perf_counter() - t0, self._version, self.index)
+
+    def _generator(self, policy: str | None) -> Any:
+        """The actor's generator, or a fixed policy's; a vLLM engine the two share gets this
+        one's weights back first (as ``RolloutPart.activate`` does in one process)."""
+        if policy is None:
+            generator = self.generator
+        elif self.fixed is None or policy not in self.fixed.specs:
+            raise ValueError(f"worker {self.index}: no fixed policy {policy!r}")
+        else:
+            generator = self.fixed.generator(policy)
+        claim = getattr(generator, "claim_engine", None)
+        if claim is not None:
+            claim()
+        return generator
+
+    def _release(self, policy: str | None) -> None:
+        """With ``rollout_only.offload``, free the fixed model after the call that used it."""
+        if policy is not None and self.fixed is not None:
+            self.fixed.release()
 
     def _maybe_fail(self) -> None:
         kind, self._fault = self._fault, ""

@@ -69,12 +69,20 @@ def fixed_groups_with_signal(batch: Batch) -> float:
 
 class Mixture:
     def __init__(
-        self, cfg: TrainConfig, tokenizer: Any, lm: Any = None, samples: bool = True
+        self,
+        cfg: TrainConfig,
+        tokenizer: Any,
+        lm: Any = None,
+        samples: bool = True,
+        pool: Any = None,
     ) -> None:
         """``lm``: the whole actor policy the support gap is measured with (default: the
         actor's own; under FSDP2, rank 0's unsharded rollout copy). ``samples=False``: a rank
         that never samples (FSDP2 ranks other than 0) loads no fixed model; it only corrects
-        the batch rank 0 sampled, and measures no support gap (a metric rank 0 logs)."""
+        the batch rank 0 sampled, and measures no support gap (a metric rank 0 logs).
+        ``pool``: the Ray rollout pool, whose workers hold and sample the fixed policies (it
+        checked their tokenizer and base before they loaded); the driver loads a fixed model
+        only if the support gap of a top-k/top-p sampler needs it."""
         ro, sc = cfg.rollout_only, cfg.rollout_allocation_schedule
         self.schedule = build_schedule(sc, cfg.trainer.seed)
         self.per_sample = sc.per_sample
@@ -99,7 +107,10 @@ class Mixture:
         self.specs = {s.label: s for s in specs}
         if not samples:
             return
-        self.fixed = FixedPolicies(specs, tokenizer, actor_path, ro.offload, cfg)
+        remote = pool.fixed_generators if pool is not None else None
+        self.fixed = FixedPolicies(
+            specs, tokenizer, actor_path, ro.offload, cfg, remote, check=remote is None
+        )
         for spec in specs:
             if spec.params.truncated:
                 log.warning(
@@ -118,13 +129,15 @@ class Mixture:
         tasks: Sequence[Task],
         actor_generator: Any,
         actor_params: SamplingParams,
+        labels: Sequence[str] | None = None,
     ) -> Iterator[list[RolloutPart]]:
-        """The step's tasks grouped by the policy the schedule gives them; with offloading, the
+        """The step's tasks grouped by the policy the schedule gives them (or by ``labels``,
+        rank 0's ``allocation`` when every FSDP2 rank samples its share); with offloading, the
         fixed models are loaded here and freed when the block ends."""
-        self._replay(step)
-        labels = allocate(
-            self.schedule, step, len(tasks), self.labels, self.weights, self.per_sample
-        )
+        if labels is None:
+            labels = self.allocation(step, len(tasks))
+        elif len(labels) != len(tasks):
+            raise ValueError(f"{len(labels)} policy labels for {len(tasks)} tasks")
         parts = []
         try:
             if self.mixed:  # the actor samples every task; "fixed" adds k samples to its group
@@ -145,6 +158,11 @@ class Mixture:
             yield parts
         finally:
             self.fixed.release()
+
+    def allocation(self, step: int, n_tasks: int) -> list[str]:
+        """The policy label of each of the step's prompt groups (the schedule's draw)."""
+        self._replay(step)
+        return allocate(self.schedule, step, n_tasks, self.labels, self.weights, self.per_sample)
 
     def join_groups(self, parts: Sequence[RolloutPart], items: Sequence[Any]) -> list[Any]:
         """After generation: with mixed groups, each fixed sample takes the uid of its task's

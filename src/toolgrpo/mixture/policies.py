@@ -7,7 +7,9 @@ distribution it sampled (temperature and top-k/top-p included), are the IS denom
 It samples on the actor's backend (``actor_rollout_ref.rollout.name``/``mode``): HF, or vLLM,
 where a fixed model on the actor's base model shares the actor's engine (each part of a step
 re-pushes its own weights, ``RolloutPart.activate``). Under ``trainer.distributed.backend=ray``
-the fixed policy samples in the driver process while the workers sample the actor.
+every rollout worker loads the fixed policies too and samples their rows; the driver's
+``FixedPolicies`` then holds the pool's generators (``remote``) and loads a fixed model only when
+``actor/is_support_gap`` needs it (a top-k/top-p sampler).
 
 A fixed policy may be a training checkpoint (``global_step_N``, its merged ``model/`` or its
 ``adapter/``); a checkpoint's adapter is refused on a base other than the one it was trained on
@@ -18,6 +20,8 @@ from __future__ import annotations
 
 import gc
 import json
+import logging
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +35,8 @@ from toolgrpo.models.registry import resolve_model
 from toolgrpo.rollout.backends import backend_name, make_generator
 from toolgrpo.rollout.generator import SamplingParams
 from toolgrpo.rollout.hf import HFGenerator
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -131,12 +137,43 @@ def _model_key(m: ModelConfig) -> tuple[str, str, str]:
     return (m.path, m.adapter_path, m.dtype)
 
 
+def check_fixed(specs: Sequence[FixedSpec], tokenizer: Any, actor_path: str) -> None:
+    """Before any weights load: every fixed model shares the actor's tokenizer (checked once per
+    path), and a checkpoint's adapter sits on the base it was trained on."""
+    seen: set[str] = set()
+    for s in specs:
+        if s.model.path not in seen:
+            seen.add(s.model.path)
+            _check_tokenizer(s, tokenizer, actor_path)
+    for s in {_model_key(s.model): s for s in specs}.values():
+        check_fixed_base(s)
+
+
+def _check_tokenizer(spec: FixedSpec, tokenizer: Any, actor_path: str) -> None:
+    try:
+        resolved = resolve_model(spec.model.path)
+        tok = load_tokenizer(resolved.hf_dir)
+    except (FileNotFoundError, OSError, ValueError) as e:
+        raise ConfigError(f"{spec.key}.model_path={spec.model.path!r}: {e}") from e
+    why = tokenizer_mismatch(tokenizer, tok)
+    if why is not None:
+        raise ConfigError(
+            f"the fixed policy {spec.model.path!r} ({spec.key}.model_path) must share the "
+            f"actor's tokenizer ({actor_path!r}): {why}"
+        )
+
+
 class FixedPolicies:
     """Loads each distinct fixed model once (specs that differ only in sampling share it).
 
     ``offload=True`` keeps no fixed model between steps: a model is loaded when a step's rollout
     needs it and freed by ``release()`` after that rollout, trading load time per use for memory
-    (on CPU there is no device memory to offload to)."""
+    (on CPU there is no device memory to offload to).
+
+    ``remote``: a generator per label that samples elsewhere (the Ray pool's workers); no model
+    loads here until ``policy()`` asks for one. ``check=False`` skips the tokenizer and base
+    checks, for processes whose caller already ran them (the Ray pool, before its workers
+    start)."""
 
     def __init__(
         self,
@@ -145,6 +182,8 @@ class FixedPolicies:
         actor_path: str,
         offload: bool = False,
         cfg: TrainConfig | None = None,
+        remote: Mapping[str, Any] | None = None,
+        check: bool = True,
     ) -> None:
         self.specs = {s.label: s for s in specs}
         self.tokenizer = tokenizer
@@ -152,34 +191,25 @@ class FixedPolicies:
         self.cfg = cfg  # the actor's rollout backend settings; None = HF
         self._models: dict[tuple[str, str, str], Policy] = {}
         self._engines: dict[tuple[str, str, str], Any] = {}  # vLLM generators per fixed model
-        seen: set[str] = set()
-        for s in specs:
-            if s.model.path in seen:
-                continue
-            seen.add(s.model.path)
-            self._check_tokenizer(s, actor_path)
-        for s in {_model_key(s.model): s for s in specs}.values():
-            check_fixed_base(s)  # before any weights load
-        if not offload:
+        self.remote = dict(remote) if remote is not None else None
+        self._announced: set[tuple[str, str, str]] = set()  # models loaded here in Ray mode
+        if check:
+            check_fixed(specs, tokenizer, actor_path)
+        if not offload and self.remote is None:
             for s in specs:
                 self._policy(s)
-
-    def _check_tokenizer(self, spec: FixedSpec, actor_path: str) -> None:
-        try:
-            resolved = resolve_model(spec.model.path)
-            tok = load_tokenizer(resolved.hf_dir)
-        except (FileNotFoundError, OSError, ValueError) as e:
-            raise ConfigError(f"{spec.key}.model_path={spec.model.path!r}: {e}") from e
-        why = tokenizer_mismatch(self.tokenizer, tok)
-        if why is not None:
-            raise ConfigError(
-                f"the fixed policy {spec.model.path!r} ({spec.key}.model_path) must share the "
-                f"actor's tokenizer ({actor_path!r}): {why}"
-            )
 
     def _policy(self, spec: FixedSpec) -> Policy:
         key = _model_key(spec.model)
         if key not in self._models:
+            if self.remote is not None and key not in self._announced:
+                self._announced.add(key)  # Ray mode: the workers sample, the driver measures
+                log.info(
+                    "loading the fixed policy %s (%s) in the driver for actor/is_support_gap; "
+                    "its rollouts run on the Ray workers",
+                    spec.model.path,
+                    spec.key,
+                )
             try:
                 self._models[key] = load_policy(spec.model, trainable=False)
             except FileNotFoundError as e:
@@ -191,7 +221,9 @@ class FixedPolicies:
         return backend_name(self.cfg) if self.cfg is not None else "hf"
 
     def generator(self, label: str) -> Any:
-        """The generator of fixed policy ``label`` on the actor's backend."""
+        """The generator of fixed policy ``label`` on the actor's backend (or the remote one)."""
+        if self.remote is not None:
+            return self.remote[label]
         spec = self.specs[label]
         policy = self._policy(spec)
         on_vllm = self.cfg is not None and backend_name(self.cfg, policy.base.config) == "vllm"

@@ -159,34 +159,17 @@ class RouterRuntime:
     def rollout(
         self, plan: RoutePlan, generator: Any, params: SamplingParams
     ) -> list[tuple[Completion, str, Task]]:
-        """Single-turn rollouts of a plan, as ``(completion, uid, task)`` in plan row order: one
-        prompt per (task, route), sampled as many times as that route was drawn."""
-        keys: list[tuple[int, str]] = []
-        rows_of: dict[tuple[int, str], list[int]] = {}
-        for row, route in enumerate(plan.routes):
-            key = (row // plan.n, route)
-            if key not in rows_of:
-                keys.append(key)
-            rows_of.setdefault(key, []).append(row)
-        prompts = [
-            render_prompt(
-                self.tokenizer,
-                condition_messages(
-                    plan.tasks[t].messages, r, self.families, self.rc.family_tools_only
-                ),
-                self.max_prompt_length,
-                self.truncation,
-            )
-            for t, r in keys
-        ]
-        counts = [len(rows_of[k]) for k in keys]
-        comps = generate_counts(generator, prompts, counts, params)
-        uids = [uuid.uuid4().hex for _ in plan.tasks]
-        out: list[Any] = [None] * len(plan.routes)
-        for key, got in zip(keys, comps, strict=True):
-            for row, c in zip(rows_of[key], got, strict=True):
-                out[row] = (c, uids[key[0]], plan.tasks[key[0]])
-        return out
+        """Single-turn rollouts of a plan, as ``(completion, uid, task)`` in plan row order."""
+        return routed_rollout(
+            plan.tasks,
+            plan.n,
+            plan.conditions,
+            generator,
+            params,
+            self.tokenizer,
+            self.max_prompt_length,
+            self.truncation,
+        )
 
     # ---- after generation -------------------------------------------------------------------
     def observe(self, items: Sequence[Any], task_rewards: Sequence[float]) -> dict[str, float]:
@@ -288,4 +271,43 @@ def generate_counts(
     for k, idx in sorted(by_count.items()):
         for c in generator.generate([prompts[i] for i in idx], replace(params, n=k)):
             out[idx[c.prompt_index]].append(c)
+    return out
+
+
+def routed_rollout(
+    tasks: Sequence[Task],
+    n: int,
+    conditions: Sequence[Any],  # RouteCondition per row (tasks × n, task-major)
+    generator: Any,
+    params: SamplingParams,
+    tokenizer: Any,
+    max_prompt_length: int,
+    truncation: str,
+) -> list[tuple[Completion, str, Task]]:
+    """Single-turn rollouts under planned routes, as ``(completion, uid, task)`` in row order:
+    one prompt per (task, route), sampled as many times as that route was drawn. Needs no head,
+    so every FSDP2 rank can sample its share of a plan made on rank 0."""
+    keys: list[tuple[int, RouteCondition]] = []
+    rows_of: dict[tuple[int, str], list[int]] = {}
+    for row, cond in enumerate(conditions):
+        key = (row // n, cond.route)
+        if key not in rows_of:
+            keys.append((row // n, cond))
+        rows_of.setdefault(key, []).append(row)
+    prompts = [
+        render_prompt(
+            tokenizer,
+            condition_messages(tasks[t].messages, c.route, c.families, c.family_tools_only),
+            max_prompt_length,
+            truncation,
+        )
+        for t, c in keys
+    ]
+    counts = [len(rows_of[(t, c.route)]) for t, c in keys]
+    comps = generate_counts(generator, prompts, counts, params)
+    uids = [uuid.uuid4().hex for _ in tasks]
+    out: list[Any] = [None] * len(conditions)
+    for (t, c), got in zip(keys, comps, strict=True):
+        for row, comp in zip(rows_of[(t, c.route)], got, strict=True):
+            out[row] = (comp, uids[t], tasks[t])
     return out

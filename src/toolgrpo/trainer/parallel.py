@@ -1,8 +1,9 @@
 """The loop's hooks for a sharded update (``trainer.distributed.strategy=fsdp2``).
 
-Rank 0 keeps one unsharded copy of the policy: it samples with it (HF), pushes it onward to vLLM
-or Ray workers, and saves it in checkpoints. After every update the shards are gathered into it
-one parameter at a time. Other ranks hold shards only and never sample, log or write.
+Each rank that samples (every rank by default, ``trainer.distributed.rollout_ranks``) keeps one
+unsharded copy of the policy: it samples with it (HF) or pushes it onward to its vLLM engine (or
+rank 0's Ray workers); rank 0's copy is also the one checkpoints save. After every update the
+shards are gathered into those copies one parameter at a time. Only rank 0 logs and writes.
 """
 
 from __future__ import annotations
@@ -27,10 +28,11 @@ if TYPE_CHECKING:
 
 
 def refresh_rollout_copy(actor: Actor, policy: Policy, ranks: Ranks) -> None:
-    """Gather the updated shards into rank 0's copy (a collective: every rank calls it)."""
+    """Gather the updated shards into the rollout copy of every rank that samples, one
+    parameter at a time (a collective: every rank calls it)."""
     if actor.root is None:
         return
-    gather_into(actor.root, policy.model if ranks.main else None, only_trainable=True)
+    gather_into(actor.root, policy.model if ranks.samples else None, only_trainable=True)
 
 
 def push_weights(actor: Actor, policy: Policy, ranks: Ranks, backend: Any, version: int) -> None:

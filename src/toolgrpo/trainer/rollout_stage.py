@@ -20,12 +20,14 @@ import torch
 from toolgrpo import progress
 from toolgrpo.config.schema import DataConfig, MultiTurnConfig, RewardConfig
 from toolgrpo.data.task import Task
+from toolgrpo.distributed.rollout_share import RolloutShare
 from toolgrpo.mixture import ACTOR, RolloutPart
 from toolgrpo.rewards.scoring import Score, is_finite, score
 from toolgrpo.rewards.types import RllaFlags
 from toolgrpo.rollout.episode import Episode
 from toolgrpo.rollout.generator import Completion, SamplingParams
 from toolgrpo.rollout.single_turn import rollout_tasks, solution_text
+from toolgrpo.router.runtime import routed_rollout
 from toolgrpo.trainer.batch import Batch, collate, negative_parents
 from toolgrpo.trainer.episode_metrics import episode_metrics
 from toolgrpo.trainer.episodes import NonFiniteReward, stand_in_rewards
@@ -69,15 +71,36 @@ class RolloutStage:
     episodes: EpisodeRunner | None = None
     router: RouterRuntime | None = None
     dumper: RolloutDumper | None = None  # trainer.rollout_data_dir
+    share: RolloutShare | None = None  # FSDP2, every rank samples: this rank's part
 
-    def produce(self, step: int, tasks: list[Task], generator: Any, version: int) -> Rolled:
+    def produce(self, step: int, tasks: list[Task], generator: Any, version: int) -> Rolled | None:
         """Rollout and reward for one step's tasks, sampled by ``generator`` with the weights of
-        policy ``version``: the batch, its rollout metrics and timings."""
-        torch.manual_seed(self.seed * 1_000_003 + step)  # resumable sampling
+        policy ``version``: the batch, its rollout metrics and timings. With ``share``, every
+        rank calls it with the same tasks and plays its share; rank 0 gets the result, the other
+        ranks None."""
+        rank = self.share.ranks.rank if self.share is not None else 0
+        torch.manual_seed(self.seed * 1_000_003 + step + 7_919 * rank)  # resumable sampling
         timing: dict[str, float] = {}
         t0 = time.perf_counter()
         items, policies, routes = self._generate(step, tasks, generator, version)
         timing["timing/gen_s"] = time.perf_counter() - t0
+        if self.share is None:
+            return self._collate(step, items, policies, routes, timing)
+        if not self.share.main:
+            return None  # rank 0 rewards and collates every rank's samples
+        rolled = self._collate(step, items, policies, routes, timing)
+        rolled.metrics["rollout/sampling_ranks"] = float(self.share.take_sampling_ranks())
+        return rolled
+
+    def _collate(
+        self,
+        step: int,
+        items: list[Any],
+        policies: list[str],
+        routes: list[str | None],
+        timing: dict[str, float],
+    ) -> Rolled:
+        """The step's samples rewarded (single-turn) and collated with their metrics."""
         if self.episodes is not None:
             if self.dumper is not None:
                 self.dumper.write_episodes(step, items, self.tokenizer, policies, routes)
@@ -148,31 +171,61 @@ class RolloutStage:
                 p.activate()  # a shared vLLM engine gets this policy's weights back
                 # With the router, each rollout's route is sampled first and rewrites its prompt.
                 plan = self.router.plan(p.tasks, p.params.n) if self.router is not None else None
-                if self.episodes is not None:
-                    conds = plan.conditions if plan is not None else None
-                    got = self.episodes.play(
-                        p.tasks, p.params, step, version, p.generator, conditions=conds
-                    )
-                elif plan is not None:
-                    got = self.router.rollout(plan, p.generator, p.params)
-                else:
-                    got = list(zip(*self._single_turn(p.tasks, p.generator, p.params), strict=True))
+                conds = plan.conditions if plan is not None else None
+                got = self._play(step, version, p, conds)
+                if got is None:
+                    continue  # an FSDP2 rank other than 0: its share went to rank 0
                 if self.episodes is None:
                     progress.tick(len(got))  # episodes tick as each one ends
                 items += got
                 policies += [p.policy] * len(got)
                 routes += plan.routes if plan is not None else [None] * len(got)
+        if self.share is not None and not self.share.main:
+            return items, policies, routes
         if self.mixture is not None:  # mixed groups: fixed samples join their task's actor group
             items = self.mixture.join_groups(parts, items)
         return items, policies, routes
 
+    def _play(
+        self, step: int, version: int, p: RolloutPart, conds: list[Any] | None
+    ) -> list[Any] | None:
+        """One part's samples (``n`` per task, task-major); with ``share``, this rank plays its
+        share of the part's tasks under rank 0's routes, and rank 0 gets everyone's (None on
+        the other ranks)."""
+        tasks, share, n = p.tasks, self.share, p.params.n
+        if share is not None:
+            conds = share.broadcast(conds)  # the routes rank 0's router planned
+            tasks = share.mine(p.tasks)
+            conds = share.my_rows(conds, n) if conds is not None else None
+        if self.episodes is not None:
+            got = self.episodes.play(tasks, p.params, step, version, p.generator, conditions=conds)
+        elif conds is not None:
+            d = self.data
+            tok, gen = self.tokenizer, p.generator
+            got = routed_rollout(
+                tasks, n, conds, gen, p.params, tok, d.max_prompt_length, d.truncation
+            )
+        else:
+            got = list(zip(*self._single_turn(tasks, p.generator, p.params), strict=True))
+        if share is None:
+            return got
+        merged = share.gather(got, len(p.tasks), n)
+        if merged is not None and self.episodes is not None:
+            progress.tick(len(merged) - len(got))  # the other ranks' episodes, now in
+        return merged
+
     def _rollout_parts(
         self, step: int, tasks: list[Task], generator: Any
     ) -> AbstractContextManager[list[RolloutPart]]:
-        """The tasks by the policy that samples them: all the actor's unless a mixture is on."""
+        """The tasks by the policy that samples them: all the actor's unless a mixture is on
+        (whose draw rank 0 makes when every FSDP2 rank samples)."""
         if self.mixture is None:
             return nullcontext([RolloutPart(ACTOR, tasks, generator, self.sampling)])
-        return self.mixture.rollout_parts(step, tasks, generator, self.sampling)
+        labels = None
+        if self.share is not None:
+            mine = self.mixture.allocation(step, len(tasks)) if self.share.main else None
+            labels = self.share.broadcast(mine)
+        return self.mixture.rollout_parts(step, tasks, generator, self.sampling, labels)
 
     def _single_turn(
         self, tasks: list[Task], generator: Any, params: SamplingParams

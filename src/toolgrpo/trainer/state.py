@@ -19,7 +19,14 @@ from safetensors.torch import load_file
 
 from toolgrpo.config.loader import ConfigError
 from toolgrpo.config.schema import TrainConfig, as_dict
-from toolgrpo.distributed.fsdp import FsdpOptimizerView, Ranks, full_optimizer_state, load_full_into
+from toolgrpo.distributed.fsdp import (
+    FsdpOptimizerView,
+    Ranks,
+    full_module_state,
+    full_optimizer_state,
+    load_full_into,
+    load_full_module_state,
+)
 from toolgrpo.models.identity import BASE_KEY, base_identity, check_base
 from toolgrpo.models.loading import Policy, save_hf_model
 from toolgrpo.models.safe_load import CorruptCheckpoint
@@ -68,16 +75,19 @@ class Resumed:
 
 def save(run: RunState, step: int, calibration: Threshold | None = None) -> Path | None:
     """Write ``global_step_N`` (rank 0), with ``calibration`` (the last validation's τ) in
-    ``router.pt``. Sharded, every rank calls it: the optimizer state is gathered whole and
-    stored as one process stores it, so any world size resumes from it."""
+    ``router.pt``. Sharded, every rank calls it: the optimizer state and the value head are
+    gathered whole and stored as one process stores them, so any world size resumes from it."""
     policy, actor = run.policy, run.actor
     full_ft = not policy.is_lora
+    head = actor.value_head
     if actor.root is not None:
         optimizer_state = full_optimizer_state(actor.root, actor.optimizer)
+        value_head = full_module_state(head) if head is not None else None
         if not run.ranks.main:
             return None
     else:
         optimizer_state = actor.optimizer.state_dict()
+        value_head = head.state_dict() if head is not None else None
 
     def payload(d: Path) -> None:
         if policy.is_lora:
@@ -88,7 +98,7 @@ def save(run: RunState, step: int, calibration: Threshold | None = None) -> Path
             {
                 "optimizer": optimizer_state,
                 "scheduler": actor.scheduler.state_dict(),
-                "value_head": actor.value_head.state_dict() if actor.value_head else None,
+                "value_head": value_head,
                 "kl_coef": run.kl_ctrl.value,
             },
             d / "optimizer.pt",
@@ -225,7 +235,10 @@ def apply(run: RunState, ckpt: Path, saved: Saved) -> Threshold | None:
         optimizer = FsdpOptimizerView(actor.root, actor.optimizer)
     load_optimizer(optimizer, actor.scheduler, opt["optimizer"], opt["scheduler"], ckpt)
     if actor.value_head is not None and opt.get("value_head") is not None:
-        actor.value_head.load_state_dict(opt["value_head"])
+        if actor.root is not None:  # every rank read it; rank 0's goes into the shards
+            load_full_module_state(actor.root, "value_head", opt["value_head"])
+        else:
+            actor.value_head.load_state_dict(opt["value_head"])
     # An adaptive coefficient is state; a fixed one is config (a changed kl_coef applies).
     if hasattr(run.kl_ctrl, "target") and opt.get("kl_coef") is not None:
         run.kl_ctrl.value = float(opt["kl_coef"])

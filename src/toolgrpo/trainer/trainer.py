@@ -22,6 +22,7 @@ from toolgrpo.config.validate import validate_train_config
 from toolgrpo.data.loader import load_tasks
 from toolgrpo.data.task import Task
 from toolgrpo.distributed.fsdp import start_ranks
+from toolgrpo.distributed.rollout_share import RolloutShare
 from toolgrpo.distributed.sharded_load import start_policy
 from toolgrpo.envs.plugins import load_run_plugins
 from toolgrpo.eval.evaluate import check_scorable, val_sampling_params
@@ -88,7 +89,8 @@ class Trainer:
         self.pool: Any = None
         self.generator: Any = None
         try:
-            # whole on rank 0 (it samples); under fsdp2 other ranks start empty, filled by shards
+            # whole where it samples (every rank, or rank 0 with rollout_ranks=main); under
+            # fsdp2 a rank that does not sample starts empty, filled by its shards
             self.policy = start_policy(cfg.actor_rollout_ref.model, self.ranks)
             self.tokenizer = self.policy.tokenizer
             self.sampler = TaskSampler(
@@ -104,12 +106,13 @@ class Trainer:
     def _setup(self, cfg: TrainConfig) -> None:
         r = cfg.actor_rollout_ref.rollout
         # Rollouts run here (HF or vLLM), or on Ray workers that hold their own generators.
-        main = self.ranks.main  # with fsdp2 only rank 0 samples
+        main = self.ranks.main
+        samples = self.ranks.samples  # with fsdp2: every rank, or rank 0 (rollout_ranks=main)
         if cfg.trainer.distributed.backend == "ray" and main:
             from toolgrpo.distributed.pool import RolloutPool
 
             self.pool = RolloutPool(cfg)
-        if main:
+        if samples:
             self.generator = self.pool.generator if self.pool else make_generator(cfg, self.policy)
         sampling = SamplingParams(
             n=r.n,
@@ -120,11 +123,14 @@ class Trainer:
             stop=tuple(r.stop),
         )
         # A fixed policy sharing rollout duty, off unless rollout_only.model_path is set. With
-        # fsdp2 it samples on rank 0 (and measures its support gap against rank 0's whole copy);
-        # the other ranks load no fixed model, they only correct the batch rank 0 broadcast.
+        # fsdp2 it samples on every rank that samples (and measures its support gap against
+        # that rank's whole copy); rank 0 draws which groups it plays. A rank that does not
+        # sample loads no fixed model, it only corrects the batch rank 0 broadcast. With
+        # backend=ray the pool's workers hold and sample it.
         self.mixture: Mixture | None = None
         if cfg.rollout_only.model_path:
-            self.mixture = Mixture(cfg, self.tokenizer, self.policy if main else None, main)
+            lm = self.policy if samples else None
+            self.mixture = Mixture(cfg, self.tokenizer, lm, samples, self.pool)
         self.total_steps = cfg.trainer.total_training_steps
         self.actor = Actor(actor_policy(self.policy, self.ranks), cfg, self.total_steps, self.ranks)
         kc = cfg.algorithm.kl_ctrl
@@ -137,7 +143,7 @@ class Trainer:
                 f"task types {', '.join(others)} are played in environments: set "
                 "actor_rollout_ref.rollout.multi_turn.enable=true"
             )
-        if r.multi_turn.enable and main:
+        if r.multi_turn.enable and samples:  # environments wherever episodes are played
             router = make_router(cfg, self.flags)
             if self.pool is not None:
                 self.episodes = self.pool.episode_runner(self.tokenizer, router)
@@ -145,7 +151,8 @@ class Trainer:
                 self.episodes = EpisodeRunner(cfg, self.generator, self.tokenizer, router)
             self.episodes.check(self.tasks)  # environments (and their snapshots, for rollback)
         # The budgeted tool router, off unless router.enable is set. With fsdp2 it lives on rank 0
-        # (routes are sampled there; its λ·cost reaches every rank's advantages with the batch).
+        # (routes are planned there and sent to the ranks that play them; its λ·cost reaches
+        # every rank's advantages with the batch).
         self.router: RouterRuntime | None = None
         if cfg.router.enable and main:
             envs = self.episodes.router if self.episodes is not None else None
@@ -167,6 +174,7 @@ class Trainer:
             self.episodes,
             self.router,
             make_dumper(cfg.trainer),  # trainer.rollout_data_dir (verl's key)
+            RolloutShare(self.ranks) if self.ranks.rollout_all else None,
         )
         self.step = 0
         self._resume()
@@ -233,8 +241,13 @@ class Trainer:
         """One GRPO/PPO step: rollout → reward → advantage → update; returns its metrics."""
         t_step = time.time()
         if producer is None:  # with fsdp2, rank 0's rollout reaches every rank
-            main = self.ranks.main
-            got = self.produce(step, self.sampler.next_batch(), self.generator) if main else None
+            main, everyone = self.ranks.main, self.ranks.rollout_all
+            indices = self.sampler.next_batch() if main else None
+            if everyone:  # every rank plays its share of rank 0's tasks; rank 0 collates
+                tasks = self.ranks.broadcast([self.tasks[i] for i in indices] if main else None)
+                got = self.rollouts.produce(step, tasks, self.generator, self.step)
+            else:
+                got = self.produce(step, indices, self.generator) if main else None
             rolled = self.ranks.broadcast(got)
         else:
             got = producer.buffer.get(current_version=self.step)
