@@ -249,3 +249,14 @@ def test_a_bug_keeps_its_traceback(tiny_model_dir, tiny_data, tmp_path, monkeypa
     monkeypatch.setattr("toolgrpo.trainer.trainer.Trainer.fit", broken)
     with pytest.raises(KeyError, match="internal bookkeeping"):
         main(_train(tiny_model_dir, tiny_data, tmp_path / "run"))
+
+
+def test_a_config_path_with_an_equals_sign_is_the_config_not_an_override():
+    """Run directories named like ``B=0.3`` hold configs; ``key=some.yaml`` stays an override."""
+    from toolgrpo.cli import _split
+
+    path = "/runs/router/B=0.3/config.yaml"
+    cfg, overrides = _split([path, "router.budget=0.3", "router.families_file=f.yaml"])
+    assert cfg == path
+    assert overrides == ["router.budget=0.3", "router.families_file=f.yaml"]
+    assert _split(["router.families_file=f.yaml"]) == (None, ["router.families_file=f.yaml"])

@@ -7,6 +7,7 @@ import argparse
 import errno
 import json
 import os
+import re
 import sys
 
 from toolgrpo.cli_help import CONFIG_ARGS, add_config_args, looks_like_override
@@ -25,10 +26,15 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 def _split(args: list[str]) -> tuple[str | None, list[str]]:
+    """The config file (the first ``*.yaml`` argument) and the ``key=value`` overrides. A path
+    may hold an ``=`` (``runs/B=0.3/config.yaml``): an argument is an override only when what
+    precedes its first ``=`` is a dotted key."""
     cfg = None
     overrides = []
     for a in args:
-        if "=" not in a and a.endswith((".yaml", ".yml")) and cfg is None:
+        key = a.split("=", 1)[0] if "=" in a else None
+        is_override = key is not None and re.fullmatch(r"[A-Za-z_][\w.]*", key) is not None
+        if not is_override and a.endswith((".yaml", ".yml")) and cfg is None:
             cfg = a
         else:
             overrides.append(a)
