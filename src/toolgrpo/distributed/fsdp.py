@@ -290,11 +290,11 @@ def gather_into(root: torch.nn.Module, target: torch.nn.Module | None, only_trai
                 params[key].copy_(full.to(params[key].device))
 
 
-def load_full_into(root: torch.nn.Module, full: dict[str, torch.Tensor]) -> None:
-    """Rank 0's full weights (names under ``root.lm``) into the shards of every rank."""
+def load_full_into(root: torch.nn.Module, full: dict[str, torch.Tensor], under: str = "lm") -> None:
+    """Rank 0's full weights (names under ``root.<under>``) into the shards of every rank."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
-    sd = {f"lm.{k}": v for k, v in full.items()}
+    sd = {f"{under}.{k}": v for k, v in full.items()}
     opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=False)
     set_model_state_dict(root, sd if dist.get_rank() == 0 else {}, options=opts)
 
@@ -372,12 +372,8 @@ def full_module_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
 def load_full_module_state(root: torch.nn.Module, name: str, full: dict[str, torch.Tensor]) -> None:
     """Rank 0's whole ``full`` (``root.<name>.state_dict()``'s keys, e.g. a one-process
     checkpoint's value head) into every rank's shards of that submodule; a collective."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-
     own = {k: tuple(t.shape) for k, t in root.get_submodule(name).state_dict().items()}
     got = {k: tuple(t.shape) for k, t in full.items()}
     if full and got != own:  # load_state_dict's check, before any rank enters the broadcast
         raise ValueError(f"{name}: saved tensors {got} do not fit {own}")
-    sd = {f"{name}.{k}": v for k, v in full.items()}
-    opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=False)
-    set_model_state_dict(root, sd if dist.get_rank() == 0 else {}, options=opts)
+    load_full_into(root, full, under=name)

@@ -287,13 +287,12 @@ def routed_rollout(
     """Single-turn rollouts under planned routes, as ``(completion, uid, task)`` in row order:
     one prompt per (task, route), sampled as many times as that route was drawn. Needs no head,
     so every FSDP2 rank can sample its share of a plan made on rank 0."""
-    keys: list[tuple[int, RouteCondition]] = []
-    rows_of: dict[tuple[int, str], list[int]] = {}
+    rows_of: dict[tuple[int, str], list[int]] = {}  # (task, route) → its rows, first-seen order
+    cond_of: dict[tuple[int, str], Any] = {}
     for row, cond in enumerate(conditions):
         key = (row // n, cond.route)
-        if key not in rows_of:
-            keys.append((row // n, cond))
         rows_of.setdefault(key, []).append(row)
+        cond_of.setdefault(key, cond)
     prompts = [
         render_prompt(
             tokenizer,
@@ -301,13 +300,13 @@ def routed_rollout(
             max_prompt_length,
             truncation,
         )
-        for t, c in keys
+        for (t, _), c in cond_of.items()
     ]
-    counts = [len(rows_of[(t, c.route)]) for t, c in keys]
+    counts = [len(rows) for rows in rows_of.values()]
     comps = generate_counts(generator, prompts, counts, params)
     uids = [uuid.uuid4().hex for _ in tasks]
     out: list[Any] = [None] * len(conditions)
-    for (t, c), got in zip(keys, comps, strict=True):
-        for row, comp in zip(rows_of[(t, c.route)], got, strict=True):
+    for ((t, _), rows), got in zip(rows_of.items(), comps, strict=True):
+        for row, comp in zip(rows, got, strict=True):
             out[row] = (comp, uids[t], tasks[t])
     return out
