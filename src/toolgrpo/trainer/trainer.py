@@ -241,13 +241,13 @@ class Trainer:
         """One GRPO/PPO step: rollout → reward → advantage → update; returns its metrics."""
         t_step = time.time()
         if producer is None:  # with fsdp2, rank 0's rollout reaches every rank
-            main = self.ranks.main
-            tasks = [self.tasks[i] for i in self.sampler.next_batch()] if main else None
-            if self.ranks.rollout_all:  # every rank plays its share of rank 0's tasks
-                tasks = self.ranks.broadcast(tasks)
-            got = None  # rank 0 collates; the other ranks get its batch
-            if tasks is not None:
+            main, everyone = self.ranks.main, self.ranks.rollout_all
+            indices = self.sampler.next_batch() if main else None
+            if everyone:  # every rank plays its share of rank 0's tasks; rank 0 collates
+                tasks = self.ranks.broadcast([self.tasks[i] for i in indices] if main else None)
                 got = self.rollouts.produce(step, tasks, self.generator, self.step)
+            else:
+                got = self.produce(step, indices, self.generator) if main else None
             rolled = self.ranks.broadcast(got)
         else:
             got = producer.buffer.get(current_version=self.step)
