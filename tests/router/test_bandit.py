@@ -43,19 +43,31 @@ def optimum(budget: float) -> float:
     return value
 
 
-def run_bandit(budget: float, seed: int = 0, lagrangian: str = DEFAULT, avg: int = 100) -> dict:
+def run_bandit(
+    budget: float,
+    seed: int = 0,
+    lagrangian: str = DEFAULT,
+    avg: int = 100,
+    common: float = 0.0,
+    feature_norm: str = "standardize",
+) -> dict:
+    """``common``: every prompt's features also hold one shared direction of this size per
+    dimension (an LM's prompt states do: on SmolLM2 its squared norm is ~50x the spread between
+    task types, i.e. ``common`` ~ 6 here)."""
     torch.manual_seed(seed)
     g = torch.Generator().manual_seed(seed + 1)
     centers = torch.randn(len(TYPES), H, generator=g)
+    centers = centers + common * torch.randn(H, generator=g)
     freqs = torch.tensor([f for f, _ in TYPES.values()])
     rewards = torch.tensor([r for _, r in TYPES.values()])
     lm = SimpleNamespace(base=SimpleNamespace(config=SimpleNamespace(hidden_size=H)))
-    router = RouterPolicy(lm, ROUTES, lr=1.0)
-    dual = Budget(budget, lam=0.0, dual_lr=0.05, update_every=1)
+    router = RouterPolicy(lm, ROUTES, lr=1.0, feature_norm=feature_norm)
+    dual = Budget(budget, lam=0.0, dual_lr=0.05, update_every=1, dual_kp=RouterConfig().dual_kp)
     costs, lams, probs = [], [], []
     for step in range(STEPS):
         kind = torch.multinomial(freqs, T, replacement=True, generator=g).repeat_interleave(N)
         feats = centers[kind] + 0.1 * torch.randn(T * N, H, generator=g)
+        router.observe(feats[::N])  # one row per prompt, as RouterRuntime.plan does
         action = router.act(feats).router_action
         task = rewards[kind, action] + 0.1 * torch.randn(T * N, generator=g)
         cost = COST[action]
@@ -98,19 +110,37 @@ def test_dual_ascent_meets_the_budget_with_the_best_routes(budget, best):
 def test_the_default_spends_the_budget_where_tools_pay_at_every_seed():
     """Tools add +0.1 on chat, +0.9 on lookup, +0.8 on math; at B = 0.3 the optimum spends the
     whole budget on lookup (E[r] = 0.680). The default (``price``: r − λ·cost centred in the
-    group, one scale per batch) lands there at every seed: E[r] within 0.02 of the optimum and
-    cost within 0.03 of B (0.676-0.681, 0.296-0.302 over 8 seeds). ``advantage`` (each group's
-    std) makes a +0.9 and a +0.1 group look alike, so where the budget goes drifts with the
-    seed (E[r] 0.52-0.76 and cost 0.13-0.43 over 8 seeds)."""
+    group, one scale per batch; the PI dual step) lands there at every seed: E[r] within 0.02 of
+    the optimum and cost within 0.03 of B (0.674-0.683, 0.294-0.305 over 8 seeds). ``advantage``
+    (each group's std) makes a +0.9 and a +0.1 group look alike and falls further short
+    (0.656-0.677 over 8 seeds; with plain dual ascent it drifted with the seed, 0.52-0.76)."""
     best = optimum(0.3)
     assert abs(best - 0.68) < 1e-9
+    short = []
     for seed in range(4):
         res = run_bandit(0.3, seed)
         assert abs(res["expected_reward"] - best) <= 0.02, (seed, res)
         assert abs(res["expected_cost"] - 0.3) <= 0.03, (seed, res)
-    per_group = [run_bandit(0.3, seed, "advantage") for seed in range(4)]
-    missed = [abs(r["expected_reward"] - best) > 0.02 for r in per_group]
-    assert sum(missed) >= 2, per_group
+        short.append(best - res["expected_reward"])
+    per_group = [best - run_bandit(0.3, seed, "advantage")["expected_reward"] for seed in range(4)]
+    assert fmean(per_group) > fmean(short) + 0.003, (short, per_group)
+
+
+def test_standardized_features_tell_types_apart_despite_a_shared_direction():
+    """An LM's prompt states share one dominant direction (SmolLM2: squared norm ~50x the spread
+    between task types). Normalising each vector alone (``layer``) keeps it, and SGD on the head
+    mostly learns a common bias: every type gets about the same route mix (lookup 63-80 %
+    SEARCH, chat and math 8-16 %), E[r] 0.59-0.63 against the optimum's 0.68. The default
+    (running mean and std per dimension) removes it and lands on the optimum at every seed."""
+    best = optimum(0.3)
+    layer = []
+    for seed in range(4):
+        res = run_bandit(0.3, seed, common=6.0)
+        assert abs(res["expected_reward"] - best) <= 0.02, (seed, res)
+        assert abs(res["expected_cost"] - 0.3) <= 0.03, (seed, res)
+        layer.append(run_bandit(0.3, seed, common=6.0, feature_norm="layer"))
+    assert all(r["expected_reward"] < best - 0.04 for r in layer), layer
+    assert all(abs(r["expected_cost"] - 0.3) <= 0.03 for r in layer), layer  # it still binds
 
 
 # ---- the LM learns too (issue 18) ---------------------------------------------------------------
@@ -134,12 +164,13 @@ def run_bandit_with_lm(
     best_tool = rewards[:, 1:].max(-1).values
     lm = SimpleNamespace(base=SimpleNamespace(config=SimpleNamespace(hidden_size=H)))
     router = RouterPolicy(lm, ROUTES, lr=1.0)
-    dual = Budget(budget, lam=0.0, dual_lr=0.05, update_every=1)
+    dual = Budget(budget, lam=0.0, dual_lr=0.05, update_every=1, dual_kp=RouterConfig().dual_kp)
     theta = torch.full((len(TYPES), len(ROUTES)), 1.4)  # logit of "calls a tool"
     costs, lams = [], []
     for _ in range(steps):
         kind = torch.multinomial(freqs, T, replacement=True, generator=g).repeat_interleave(N)
         feats = centers[kind] + 0.1 * torch.randn(T * N, H, generator=g)
+        router.observe(feats[::N])
         action = router.act(feats).router_action
         p_call = torch.sigmoid(theta[kind, action])
         called = (torch.rand(T * N, generator=g) < p_call).float()
@@ -222,6 +253,7 @@ def run_short(
     for _ in range(steps):
         kind = torch.randint(0, len(table), (12,), generator=g).repeat_interleave(N)
         feats = centers[kind] + 0.5 * torch.randn(len(kind), 64, generator=g)
+        router.observe(feats[::N])
         action = router.act(feats).router_action
         task = torch.bernoulli(success[kind, action], generator=g)
         cost = torch.bernoulli(calls[kind, action], generator=g)
@@ -252,12 +284,12 @@ def test_an_entropy_bonus_keeps_a_low_budget_from_saturating_on_answer():
     distribution saturates there, a group of four ANSWER routes carries no gradient, and the cost
     ends below B (0.03-0.10 with these seeds; SmolLM2, with the default bonus of 0.01, ended at
     0.02). With router.entropy_coeff = 0.1 the router's response to λ stays smooth and the cost
-    lands on B (0.09-0.11)."""
+    lands near B (0.08-0.11)."""
     seeds = range(6)
     bare = [run_short(0.2, 2.0, s, budget=0.1, entropy_coeff=0.0) for s in seeds]
     kept = [run_short(0.2, 2.0, s, budget=0.1, entropy_coeff=0.1) for s in seeds]
     assert all(abs(c - 0.1) <= 0.05 for c in kept), kept
-    assert fmean(abs(c - 0.1) for c in kept) < 0.01, kept
+    assert fmean(abs(c - 0.1) for c in kept) < 0.015, kept
     assert fmean(bare) < 0.1 - 0.02, bare  # undershoot: saturated on the cheap route
 
 

@@ -89,3 +89,59 @@ def test_a_head_trained_on_other_inputs_is_refused():
     saved = RouterPolicy(lm, ["ANSWER", "SEARCH"], inputs="question").state_dict()
     with pytest.raises(ValueError, match="inputs='question'"):
         RouterPolicy(lm, ["ANSWER", "SEARCH"]).load_state_dict(saved)
+
+
+def test_running_statistics_pool_batches_exactly_then_forget_slowly():
+    head = RouterHead(6, 3)
+    g = torch.Generator().manual_seed(0)
+    batches = [torch.randn(b, 6, generator=g) * 3 + 5 for b in (4, 7, 1, 12)]
+    for b in batches:
+        head.observe(b)
+    seen = torch.cat(batches)
+    assert float(head.feature_count) == len(seen)
+    assert torch.allclose(head.feature_mean, seen.mean(0), atol=1e-5)
+    assert torch.allclose(head.feature_var, seen.var(0, unbiased=False), atol=1e-4)
+    # past the window the old prompts fade: a shifted stream pulls the mean to it
+    from toolgrpo.router.head import FEATURE_WINDOW
+
+    for _ in range(4):
+        head.observe(torch.randn(FEATURE_WINDOW, 6, generator=g) - 5)
+    assert torch.allclose(head.feature_mean, torch.full((6,), -5.0), atol=0.2)
+
+
+def test_a_standardized_head_ignores_what_every_prompt_shares():
+    g = torch.Generator().manual_seed(1)
+    feats = torch.randn(32, 8, generator=g)
+    shared = 40 * torch.randn(8, generator=g)  # one dominant direction, as in an LM's states
+    plain, shifted = RouterHead(8, 3), RouterHead(8, 3)
+    plain.observe(feats)
+    shifted.observe(feats + shared)
+    for head in (plain, shifted):
+        torch.nn.init.normal_(head.net[-1].weight, generator=torch.Generator().manual_seed(2))
+    assert torch.allclose(plain(feats), shifted(feats + shared), atol=1e-4)
+    z = plain.normalize(feats)
+    assert z.norm(dim=-1).pow(2).mean() == pytest.approx(1.0, rel=1e-2)  # unit size on average
+    # layer normalisation keeps it: the shifted prompts all look alike
+    layer = RouterHead(8, 3, feature_norm="layer")
+    cos = torch.nn.functional.cosine_similarity(
+        layer.normalize(feats + shared)[:1], layer.normalize(feats + shared)[1:]
+    )
+    assert float(cos.min()) > 0.9
+    with pytest.raises(ValueError, match="feature_norm"):
+        RouterHead(8, 3, feature_norm="batch")
+
+
+def test_statistics_travel_with_the_head_and_old_heads_stay_layer_normed():
+    lm = SimpleNamespace(base=SimpleNamespace(config=SimpleNamespace(hidden_size=4)))
+    saved = RouterPolicy(lm, ["ANSWER", "SEARCH"])
+    saved.observe(torch.randn(10, 4) + 3)
+    loaded = RouterPolicy(lm, ["ANSWER", "SEARCH"])
+    loaded.load_state_dict(saved.state_dict())
+    assert torch.equal(loaded.head.feature_mean, saved.head.feature_mean)
+    assert float(loaded.head.feature_count) == 10
+    # a head saved before router.feature_norm existed was layer-normed: its meta has no key
+    old = RouterPolicy(lm, ["ANSWER", "SEARCH"], feature_norm="layer").state_dict()
+    old["meta"].pop("feature_norm")
+    with pytest.raises(ValueError, match="feature_norm='layer'"):
+        RouterPolicy(lm, ["ANSWER", "SEARCH"]).load_state_dict(old)
+    RouterPolicy(lm, ["ANSWER", "SEARCH"], feature_norm="layer").load_state_dict(old)

@@ -64,6 +64,7 @@ def test_the_head_reads_and_records_its_format(tok):
         "inputs",
         "hidden_size",
         "head_hidden",
+        "feature_norm",
     }  # a hermes head's meta is what it always was
     mistral = RouterPolicy(_lm(tok), ROUTES, tool_format="mistral")
     assert mistral.meta["tool_format"] == "mistral"

@@ -8,12 +8,13 @@ An example (defaults are in ``RouterConfig``)::
       pooling: last          # last | mean: the prompt representation
       inputs: opening        # opening (system prompt + tools + question) | question
       feature_layer: -1      # the LM hidden state the head reads (-1 = final, k = block k)
+      feature_norm: standardize  # running per-dimension mean/std | layer (each vector alone)
       freeze_lm: true        # router-only training: the LM takes no update
       lr: 1.0                # the head's own SGD; null = a param group in the actor's optimizer
       budget: 0.3            # B: average tool cost per example
       lambda_init: 0.0       # λ at step 0 (a resumed run restores its own)
       dual_lr: 0.1           # η in λ ← max(0, λ + η·(mean_cost − B))
-      dual_kp: 0.0           # k_p: λ = I + k_p·(mean_cost − B), I the ascent above (0 = plain)
+      dual_kp: 0.5           # k_p: λ = I + k_p·(mean_cost − B), I the ascent above (0 = plain)
       update_every: 1        # K: steps per dual step
       cost: {mode: any, c_search: 1.0, c_calc: 1.0, c_other: 1.0, max_calls: 4}
       lm_reward: lagrangian  # the LM trains on r_task − λ·cost too (task: on r_task alone)
@@ -37,6 +38,7 @@ from toolgrpo.router.routes import ROUTES, UnknownRoute, check_name
 
 COST_MODES = ("any", "family", "calls")
 POOLINGS = ("last", "mean")
+FEATURE_NORMS = ("standardize", "layer")  # router.head.FEATURE_NORMS
 FEATURE_INPUTS = ("opening", "question")  # router.inputs.FEATURE_INPUTS
 LM_REWARDS = ("lagrangian", "task")
 LAGRANGIANS = ("price", "reward", "advantage")
@@ -74,6 +76,10 @@ class RouterConfig:
     # it (system prompt, tool list, question); ``question`` = the task's own messages only.
     inputs: str = "opening"
     feature_layer: int = -1  # the LM hidden state it reads: −1 final, 0 embeddings, k block k
+    # ``standardize``: subtract the running mean of the routed prompts' features and divide by
+    # their std per dimension, so the direction every prompt shares does not drown what tells
+    # tasks apart; ``layer``: each vector normalised alone (the head before this option).
+    feature_norm: str = "standardize"
     head_hidden: int = 0  # 0 = a linear head; > 0 = one tanh hidden layer of this width
     freeze_lm: bool = False
     # SGD on unit-norm features: one step moves a prompt's logits by about lr·advantage. None =
@@ -87,8 +93,9 @@ class RouterConfig:
     lambda_init: float = 0.0
     dual_lr: float = 0.1
     # Proportional gain on the cost error: λ = max(0, I + k_p·(cost − B)), I the dual-ascent
-    # integral. 0 (the design's rule) is plain dual ascent; > 0 damps its overshoot.
-    dual_kp: float = 0.0
+    # integral. 0 (the design's rule) is plain dual ascent, which swings past B and back when the
+    # head reacts fast; > 0 damps the overshoot (docs/router.md, "Keeping the budget").
+    dual_kp: float = 0.5
     update_every: int = 1
     cost: RouterCostConfig = field(default_factory=RouterCostConfig)
     family_tools_only: bool = False  # SEARCH/CALCULATE routes drop the other family's tools
@@ -142,6 +149,10 @@ def check_router_config(cfg: Any) -> None:
         raise ConfigError(f"router.routes needs at least 2 distinct routes, got {rc.routes}")
     if rc.pooling not in POOLINGS:
         raise ConfigError(f"router.pooling={rc.pooling!r} is not one of {', '.join(POOLINGS)}")
+    if rc.feature_norm not in FEATURE_NORMS:
+        raise ConfigError(
+            f"router.feature_norm={rc.feature_norm!r} is not one of {', '.join(FEATURE_NORMS)}"
+        )
     if rc.inputs not in FEATURE_INPUTS:
         raise ConfigError(f"router.inputs={rc.inputs!r} is not one of {', '.join(FEATURE_INPUTS)}")
     if not isinstance(rc.feature_layer, int) or rc.feature_layer < -1:

@@ -14,7 +14,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from toolgrpo.config.loader import ConfigError
-from toolgrpo.config.router import COST_MODES, LAGRANGIANS, LM_REWARDS, POOLINGS
+from toolgrpo.config.router import (
+    COST_MODES,
+    FEATURE_NORMS,
+    LAGRANGIANS,
+    LM_REWARDS,
+    POOLINGS,
+)
 from toolgrpo.config.schema import ROLLBACK_MODES, TOOL_CALL_FORMATS
 
 
@@ -267,6 +273,7 @@ TRAIN_RULES: dict[str, Any] = {
     # The router's numbers are checked by config.router.check_router_config; its names here too,
     # for the "did you mean".
     "router.pooling": OneOf(POOLINGS),
+    "router.feature_norm": OneOf(FEATURE_NORMS),
     "router.cost.mode": OneOf(COST_MODES),
     "router.lm_reward": OneOf(LM_REWARDS),
     "router.lagrangian": OneOf(LAGRANGIANS),

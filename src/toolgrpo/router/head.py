@@ -4,6 +4,14 @@ The representation is the final hidden state of the prompt's last token (``last`
 padding it has attended to the whole prompt) or the mean over the prompt's tokens (``mean``).
 The head normalises it and maps it to one logit per route; zero-initialised, so a fresh head is
 uniform over routes rather than arbitrarily confident.
+
+Normalisation (``router.feature_norm``): ``standardize`` (default) subtracts a running mean of the
+features and divides by their running std per dimension, taken over the prompts routed so far
+(the last ``FEATURE_WINDOW`` or so, as the LM drifts); ``layer`` normalises each vector on its
+own (LayerNorm without affine). An LM's prompt states share one dominant direction (on SmolLM2
+its squared norm is ~50× the spread between task types), which ``layer`` keeps: every SGD step
+then mostly moves a common bias, and the head routes every task type alike. Subtracting the
+mean leaves what differs between prompts.
 """
 
 from __future__ import annotations
@@ -18,6 +26,8 @@ import torch
 from toolgrpo.models.logprobs import position_ids_from_mask
 
 POOLINGS = ("last", "mean")
+FEATURE_NORMS = ("standardize", "layer")
+FEATURE_WINDOW = 1024  # prompts: the running statistics' effective memory
 
 
 @dataclass
@@ -34,10 +44,26 @@ class RouterOutput:
 
 
 class RouterHead(torch.nn.Module):
-    def __init__(self, hidden_size: int, num_routes: int = 3, mlp_hidden: int = 0) -> None:
+    def __init__(
+        self,
+        hidden_size: int,
+        num_routes: int = 3,
+        mlp_hidden: int = 0,
+        feature_norm: str = "standardize",
+    ) -> None:
         super().__init__()
+        if feature_norm not in FEATURE_NORMS:
+            raise ValueError(
+                f"unknown router feature_norm {feature_norm!r}; known: {', '.join(FEATURE_NORMS)}"
+            )
         self.hidden_size, self.num_routes, self.mlp_hidden = hidden_size, num_routes, mlp_hidden
-        self.norm = torch.nn.LayerNorm(hidden_size, elementwise_affine=False)
+        self.feature_norm = feature_norm
+        if feature_norm == "layer":
+            self.norm = torch.nn.LayerNorm(hidden_size, elementwise_affine=False)
+        else:  # running statistics, saved with the weights (router.pt)
+            self.register_buffer("feature_mean", torch.zeros(hidden_size))
+            self.register_buffer("feature_var", torch.ones(hidden_size))
+            self.register_buffer("feature_count", torch.zeros(()))
         layers: list[torch.nn.Module] = []
         width = hidden_size
         if mlp_hidden > 0:
@@ -48,10 +74,41 @@ class RouterHead(torch.nn.Module):
         torch.nn.init.zeros_(out.bias)
         self.net = torch.nn.Sequential(*layers, out)
 
+    @torch.no_grad()
+    def observe(self, features_BH: torch.Tensor) -> None:
+        """Fold a batch of prompt features into the running mean and variance (``standardize``;
+        a no-op for ``layer``). Exact pooled statistics until ``FEATURE_WINDOW`` prompts, then
+        an exponential average over about that many."""
+        if self.feature_norm != "standardize" or features_BH.shape[0] == 0:
+            return
+        x = features_BH.detach().float().to(self.feature_mean.device)
+        b = x.shape[0]
+        n = float(self.feature_count)
+        w = b / min(n + b, max(FEATURE_WINDOW, b))
+        mean_b = x.mean(0)
+        var_b = x.var(0, unbiased=False)
+        delta = mean_b - self.feature_mean
+        if n == 0:
+            self.feature_var.copy_(var_b)
+        else:
+            self.feature_var.copy_((1 - w) * self.feature_var + w * var_b + w * (1 - w) * delta**2)
+        self.feature_mean.add_(w * delta)
+        self.feature_count.add_(b)
+
+    def normalize(self, features_BH: torch.Tensor) -> torch.Tensor:
+        """The head's input: about unit norm, whatever the LM's width."""
+        x = features_BH.float()
+        if self.feature_norm == "layer":
+            return self.norm(x) / self.hidden_size**0.5
+        if float(self.feature_count) == 0:  # nothing observed yet (a fresh head): layer-normed
+            return torch.nn.functional.layer_norm(x, (self.hidden_size,)) / self.hidden_size**0.5
+        floor = 1e-3 * float(self.feature_var.mean()) + 1e-12  # near-constant dimensions
+        z = (x - self.feature_mean) / (self.feature_var + floor).sqrt()
+        return z / self.hidden_size**0.5
+
     def forward(self, features_BH: torch.Tensor) -> torch.Tensor:
-        # Unit-norm inputs: a gradient step of size lr moves a prompt's logits by about lr·A,
-        # whatever the LM's width.
-        return self.net(self.norm(features_BH.float()) / self.hidden_size**0.5)
+        # Unit-norm inputs: a gradient step of size lr moves a prompt's logits by about lr·A.
+        return self.net(self.normalize(features_BH))
 
     def act(
         self, features_BH: torch.Tensor, sample: bool = True, generator: Any = None

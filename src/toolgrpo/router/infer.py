@@ -57,6 +57,7 @@ def load_router(cfg: Any, lm: Any, checkpoint: str | None) -> tuple[RouterPolicy
             feature_layer=int(meta.get("feature_layer", -1)),
             inputs=str(meta.get("inputs", "question")),  # heads before router.inputs read that
             tool_format=str(meta.get("tool_format", "hermes")),  # the openings it was trained on
+            feature_norm=str(meta.get("feature_norm", "layer")),  # heads before it: layer
         )
         router.load_state_dict(state)
         return router, False
@@ -72,6 +73,7 @@ def load_router(cfg: Any, lm: Any, checkpoint: str | None) -> tuple[RouterPolicy
         feature_layer=rc.feature_layer,
         inputs=rc.inputs,
         tool_format=cfg.actor_rollout_ref.rollout.multi_turn.format,
+        feature_norm=rc.feature_norm,
     )
     return fresh, True
 

@@ -33,6 +33,7 @@ class RouterPolicy:
         feature_layer: int = -1,
         inputs: str = "opening",
         tool_format: str = "hermes",
+        feature_norm: str = "standardize",
     ) -> None:
         self.lm = lm
         self.routes = [r.upper() for r in routes]
@@ -48,7 +49,7 @@ class RouterPolicy:
         self.grad_clip = grad_clip
         hidden = lm.base.config.hidden_size
         # On the LM's device (trainer.device): its features never leave it.
-        self.head = RouterHead(hidden, len(self.routes), head_hidden)
+        self.head = RouterHead(hidden, len(self.routes), head_hidden, feature_norm)
         if getattr(lm, "device", None) is not None:
             self.head.to(lm.device)
         self.shared = lr is None
@@ -73,6 +74,7 @@ class RouterPolicy:
             "inputs": self.inputs,
             "hidden_size": h.hidden_size,
             "head_hidden": h.mlp_hidden,
+            "feature_norm": h.feature_norm,
             # recorded only when not the default, so hermes heads' meta is what it always was
             **({"tool_format": self.tool_format} if self.tool_format != "hermes" else {}),
         }
@@ -105,6 +107,11 @@ class RouterPolicy:
             autocast=self.lm.autocast,
             layer=self.feature_layer,
         )
+
+    def observe(self, features_BH: torch.Tensor) -> None:
+        """Fold training prompts' features into the head's running statistics (before acting
+        on them; held-out prompts are never observed)."""
+        self.head.observe(features_BH)
 
     @torch.no_grad()
     def act(self, features_BH: torch.Tensor, sample: bool = True) -> RouterOutput:
@@ -149,7 +156,15 @@ class RouterPolicy:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         meta = state.get("meta", {})
         mine = self.meta
-        for key in ("routes", "hidden_size", "head_hidden", "feature_layer", "inputs"):
+        meta = {"feature_norm": "layer", **meta}  # heads before router.feature_norm: layer
+        for key in (
+            "routes",
+            "hidden_size",
+            "head_hidden",
+            "feature_layer",
+            "inputs",
+            "feature_norm",
+        ):
             if key in meta and meta[key] != mine[key]:
                 raise ValueError(
                     f"the checkpoint's router head has {key}={meta[key]!r}, this run {mine[key]!r}"

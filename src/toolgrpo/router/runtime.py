@@ -122,6 +122,7 @@ class RouterRuntime:
             feature_layer=rc.feature_layer,
             inputs=rc.inputs,
             tool_format=cfg.actor_rollout_ref.rollout.multi_turn.format,
+            feature_norm=rc.feature_norm,
         )
         self.policy.read_tasks_with(envs, self.max_prompt_length)
         self.routes = self.policy.routes
@@ -142,6 +143,7 @@ class RouterRuntime:
     def plan(self, tasks: Sequence[Task], n: int) -> RoutePlan:
         """Sample a route for each of the ``n`` rollouts of every task."""
         feats = self.policy.features_of(tasks)
+        self.policy.observe(feats)  # one row per task: the statistics of the prompts routed
         out = self.policy.act(feats.repeat_interleave(n, dim=0), sample=True)
         routes = [self.routes[int(a)] for a in out.router_action]
         plan = RoutePlan(list(tasks), n, feats, out.router_action, routes)

@@ -19,7 +19,7 @@ REFUSED = frozenset(
     [f"actor_rollout_ref.model.{k}" for k in _MODEL]  # GRPO / PPO
     + [f"model.{k}" for k in _MODEL]  # SFT
     + ["router.enable", "router.routes", "router.head_hidden", "router.pooling"]
-    + ["router.inputs", "router.feature_layer"]
+    + ["router.inputs", "router.feature_layer", "router.feature_norm"]
 )
 
 # Read from the config after the optimizer state is loaded (``restore_hparams``).
