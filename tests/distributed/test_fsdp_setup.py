@@ -75,6 +75,7 @@ def test_features_outside_the_sharded_passes_are_refused(make_train_config):
 
     fsdp2 = {"trainer.distributed.strategy": "fsdp2"}
     check_strategy(make_train_config(**fsdp2, **{"algorithm.adv_estimator": "gae"}))  # it runs
-    cfg = make_train_config(**fsdp2, **{"async_training.enable": "true"})
-    with pytest.raises(ConfigError, match="does not support async_training.enable"):
+    check_strategy(make_train_config(**fsdp2, **{"async_training.enable": "true"}))  # it runs
+    cfg = make_train_config(**fsdp2, **{"router.enable": "true", "router.lr": "null"})
+    with pytest.raises(ConfigError, match="does not support router.lr=null"):
         check_strategy(cfg)

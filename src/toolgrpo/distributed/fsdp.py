@@ -136,18 +136,13 @@ def leave_process_group(timeout_s: float = 60.0) -> None:
 def check_strategy(cfg: Any) -> None:
     """What a sharded update cannot run, each with its reason. The router (on rank 0, its
     λ·cost sent with the batch), the mixture (fixed policies sample on rank 0; every rank
-    corrects the broadcast batch), rollback negatives (rows of the batch) and GAE's value head
-    (in the root unit, saved and loaded whole) all run."""
+    corrects the broadcast batch), rollback negatives (rows of the batch), GAE's value head
+    (in the root unit, saved and loaded whole) and async training (rank 0's rollout thread
+    samples from its unsharded copy; the shards are gathered into it between updates) all run."""
     strategy = cfg.trainer.distributed.strategy
     if strategy == "none":
         return
     refused = {
-        "async_training.enable": (
-            cfg.async_training.enable,
-            "its rollout thread samples while the update runs and copies the actor's module "
-            "between updates, but that module is sharded over the ranks, and the ranks would "
-            "have to agree on which buffered batch each step trains",
-        ),
         "router.lr=null": (
             cfg.router.enable and cfg.router.lr is None,
             "it puts the router head (on rank 0 only) into the actor's optimizer, whose state "
@@ -207,6 +202,14 @@ def rollout_on_all(cfg: Any) -> bool:
     unless ``main``; with Ray, rank 0's pool samples (``all`` is refused: the pool is the
     scale-out of generation there)."""
     d = cfg.trainer.distributed
+    if cfg.async_training.enable:  # one rollout thread, on rank 0, beside the update
+        if d.rollout_ranks == "all":
+            raise ConfigError(
+                "trainer.distributed.rollout_ranks=all with async_training.enable: the rollout "
+                "thread runs on rank 0 beside the sharded update (a collective from a second "
+                "thread on every rank would race the update's); leave rollout_ranks=auto"
+            )
+        return False
     if d.backend == "ray":
         if d.rollout_ranks == "all":
             raise ConfigError(

@@ -127,3 +127,13 @@ class AsyncRollout:
         self._stop.set()
         with self._versions:
             self._versions.notify_all()
+
+
+def take_batch(producer: AsyncRollout) -> Any:
+    """The rollout thread's next batch (a ``Rolled``) for the trainer's current version, with
+    its staleness (updates since its weights) and the stale batches dropped so far."""
+    got = producer.buffer.get(current_version=producer.version)
+    rolled = got.item
+    rolled.metrics["async/staleness"] = float(producer.version - got.version)
+    rolled.metrics["async/dropped_stale"] = float(producer.buffer.dropped)
+    return rolled

@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import logging
 import time
+from contextlib import nullcontext
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -45,8 +46,13 @@ from toolgrpo.trainer.actor import Actor
 from toolgrpo.trainer.batch import Batch
 from toolgrpo.trainer.episodes import EpisodeRunner, make_router, mask_truncated_rows
 from toolgrpo.trainer.metrics import NoSignalWatch, batch_metrics
-from toolgrpo.trainer.parallel import actor_policy, open_tracker, push_weights
-from toolgrpo.trainer.replay import AsyncRollout
+from toolgrpo.trainer.parallel import (
+    actor_policy,
+    open_tracker,
+    push_weights,
+    refresh_rollout_copy,
+)
+from toolgrpo.trainer.replay import AsyncRollout, take_batch
 from toolgrpo.trainer.resume import prepare_output_dir
 from toolgrpo.trainer.rollout_dump import make_dumper
 from toolgrpo.trainer.rollout_stage import Rolled, RolloutStage, skipped_step
@@ -208,7 +214,8 @@ class Trainer:
         tracker = open_tracker(self.ranks, self.cfg, self.out, self.total_steps, self.step, lines)
         history = []
         watch = NoSignalWatch(t.warn_no_signal_steps, self.cfg.algorithm.adv_estimator != "gae")
-        producer = self._start_async() if self.cfg.async_training.enable else None
+        # async: rank 0's rollout thread samples ahead while every rank updates
+        producer = self._start_async() if self.cfg.async_training.enable and main else None
         try:
             if t.val_before_train and self.step == 0 and main:
                 tracker.begin_step(0)
@@ -240,7 +247,8 @@ class Trainer:
     def train_step(self, step: int, producer: AsyncRollout | None = None) -> dict[str, Any]:
         """One GRPO/PPO step: rollout → reward → advantage → update; returns its metrics."""
         t_step = time.time()
-        if producer is None:  # with fsdp2, rank 0's rollout reaches every rank
+        asynchronous = self.cfg.async_training.enable  # producer: rank 0's rollout thread
+        if not asynchronous:  # with fsdp2, rank 0's rollout reaches every rank
             main, everyone = self.ranks.main, self.ranks.rollout_all
             indices = self.sampler.next_batch() if main else None
             if everyone:  # every rank plays its share of rank 0's tasks; rank 0 collates
@@ -250,11 +258,8 @@ class Trainer:
                 got = self.produce(step, indices, self.generator) if main else None
             rolled = self.ranks.broadcast(got)
         else:
-            got = producer.buffer.get(current_version=self.step)
             self.sampler.next_batch()  # keep the checkpointed position in step with training
-            rolled = got.item
-            rolled.metrics["async/staleness"] = float(self.step - got.version)
-            rolled.metrics["async/dropped_stale"] = float(producer.buffer.dropped)
+            rolled = self.ranks.broadcast(take_batch(producer) if producer is not None else None)
         batch, timing = rolled.batch, dict(rolled.timing)
         if batch is None:  # every episode failed in its environment
             return skipped_step(step, rolled, producer)
@@ -273,15 +278,17 @@ class Trainer:
         full_mask = mask_truncated_rows(batch) if lm and mask_truncated else None
         if not lm:
             actor_metrics = {}
-        elif producer is None:
+        elif not asynchronous:
             actor_metrics = self.actor.update(batch)
             t1 = time.time()  # backends with their own copy of the weights get the new ones
             self._push_weights(step)
             timing["timing/weight_sync_s"] = time.time() - t1
-        else:
-            with producer.lock:  # the rollout thread copies weights only between updates
+        else:  # the rollout thread copies weights only between updates
+            with producer.lock if producer is not None else nullcontext():
                 actor_metrics = self.actor.update(batch)
-            producer.updated()
+                refresh_rollout_copy(self.actor, self.policy, self.ranks)  # fsdp2: rank 0's
+            if producer is not None:
+                producer.updated()
         if full_mask is not None:  # the step's metrics describe what was sampled
             batch.response_mask_BR = full_mask
         timing["timing/train_s"] = time.time() - t0
