@@ -19,6 +19,7 @@ with ``toolgrpo eval`` on held-out tasks, every task under every route, and read
 
     python benchmarks/router_discrimination.py --probe-only       # minutes
     python benchmarks/router_discrimination.py [--steps 60]       # hours on 2 cores; resumes
+    python benchmarks/router_discrimination.py --runs unconstrained   # one of the two runs
 
 Writes ``benchmarks/results/router_discrimination.json`` (+ the probe table on stdout).
 """
@@ -52,6 +53,7 @@ MIX = [
     "router.family_tools_only=true",
 ]
 TOOL_ROUTES = ("SEARCH", "CALCULATE")
+RUNS = {"B=0.3": 0.3, "unconstrained": 1.0}  # run name under --work: its budget
 
 
 # ---- pure analysis of a routed eval's per-task table -------------------------------------------
@@ -239,6 +241,7 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--work", type=Path, default=ROOT / "outputs" / "router_discrimination")
     ap.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results")
     ap.add_argument("--probe-only", action="store_true")
+    ap.add_argument("--runs", nargs="+", choices=list(RUNS), default=list(RUNS))
     args, args.extra = ap.parse_known_args(argv)
     from router_budget import BASE
 
@@ -248,7 +251,9 @@ def main(argv: list[str]) -> None:
     if not args.probe_only:
         from toolgrpo.envs.arith_mixed import needs_tool
 
-        for name, budget in (("B=0.3", 0.3), ("unconstrained", 1.0)):
+        for name, budget in RUNS.items():
+            if name not in args.runs:
+                continue
             got = train_and_eval(name, budget, args, args.work)
             by_id = {(t.task_type, t.task_id): t for t in tasks}
             need = [bool(needs_tool(by_id[(r["task_type"], r["task_id"])])) for r in got["rows"]]

@@ -15,6 +15,8 @@ types apart. The LM does not change here, so it says nothing about what the LM's
 adds or takes away.
 
     python benchmarks/router_replay.py            # minutes: one feature pass, then the head only
+    python benchmarks/router_replay.py --budget 1 \
+        --out benchmarks/results/router_replay_unconstrained
 
 Writes ``benchmarks/results/router_replay.json``.
 """
@@ -214,9 +216,10 @@ def main(argv: list[str]) -> None:
             f"{'':12s} route shares (A/S/C): {shares}",
             flush=True,
         )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
-    print(f"wrote {args.out.with_suffix('.json')}")
+    out = args.out if args.out.name.endswith(".json") else args.out.parent / f"{args.out.name}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":
