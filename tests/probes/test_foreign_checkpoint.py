@@ -74,3 +74,30 @@ def test_checkpoint_without_the_record_loads_with_a_warning(run_copy, tiny_model
         apply_checkpoint(cfg, str(_ckpt(run_copy)))
     assert cfg.actor_rollout_ref.model.adapter_path == str(_ckpt(run_copy) / "adapter")
     assert "does not record its base model" in caplog.text
+
+
+def test_an_sft_adapter_names_its_base_wherever_it_is_loaded(
+    tiny_model_dir, tiny_data, other_base, tmp_path
+):
+    """Pins: ``toolgrpo sft``'s final adapter recorded no base (it has no trainer_state.json),
+    so a warm start from it on another base of the same shape loaded silently."""
+    from toolgrpo.config.schema import ModelConfig
+    from toolgrpo.models.identity import ADAPTER_BASE_FILE
+    from toolgrpo.models.loading import load_policy
+    from toolgrpo.sft.config import SFTConfig
+    from toolgrpo.sft.trainer import SFTTrainer
+
+    out = tmp_path / "sft"
+    ov = [f"model.path={tiny_model_dir}", "model.dtype=float32", f"data.train_files=[{tiny_data}]"]
+    ov += ["data.max_length=4096", "data.train_batch_size=2", "trainer.total_training_steps=1"]
+    ov += ["trainer.logger=[jsonl]", f"trainer.output_dir={out}"]
+    SFTTrainer(load_config(SFTConfig, None, ov)).fit()
+    adapter = out / "adapter"
+    assert json.loads((adapter / ADAPTER_BASE_FILE).read_text())["hash"] == model_hash(
+        tiny_model_dir
+    )
+    mine = ModelConfig(path=str(tiny_model_dir), dtype="float32", adapter_path=str(adapter))
+    assert load_policy(mine, trainable=False).is_lora
+    other = ModelConfig(path=str(other_base), dtype="float32", adapter_path=str(adapter))
+    with pytest.raises(BaseModelMismatch, match="trained on base model .* not on model.path="):
+        load_policy(other, trainable=False)

@@ -20,6 +20,9 @@ from toolgrpo.errors import UserError
 log = logging.getLogger(__name__)
 
 BASE_KEY = "base_model"  # in trainer_state.json
+# Beside a final adapter (``toolgrpo sft``'s ``adapter/``), which has no trainer_state.json: the
+# record travels with the directory, so the adapter is checked wherever it is loaded.
+ADAPTER_BASE_FILE = "toolgrpo_base.json"
 _INDEXES = ("config.json", "model.safetensors.index.json", "pytorch_model.bin.index.json")
 _WEIGHTS = ("*.safetensors", "*.bin")
 _SAMPLE = 1 << 16
@@ -88,3 +91,23 @@ def check_checkpoint_base(ckpt: Path, model_path: str, hf_dir: Path, key: str) -
         state = None
     recorded = state.get(BASE_KEY) if isinstance(state, dict) else None
     check_base(ckpt, recorded, base_identity(model_path, hf_dir), key)
+
+
+def record_adapter_base(adapter_dir: Path, model_path: str, hf_dir: Path) -> None:
+    """Write the base's identity into a saved adapter's directory (``ADAPTER_BASE_FILE``)."""
+    rec = base_identity(model_path, hf_dir)
+    (Path(adapter_dir) / ADAPTER_BASE_FILE).write_text(json.dumps(rec, indent=1) + "\n")
+
+
+def check_adapter_record(adapter_dir: Path, model_path: str, hf_dir: Path, key: str) -> None:
+    """Refuse an adapter whose ``ADAPTER_BASE_FILE`` names another base than the one it is
+    being loaded on. Adapters without the file (shipped ones, a user's own, checkpoints' which
+    record their base in trainer_state.json) are not checked here."""
+    f = Path(adapter_dir) / ADAPTER_BASE_FILE
+    if not f.is_file():
+        return
+    try:
+        recorded = json.loads(f.read_text())
+    except (OSError, ValueError, RecursionError):
+        recorded = None
+    check_base(Path(adapter_dir), recorded, base_identity(model_path, hf_dir), key)

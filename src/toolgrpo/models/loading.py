@@ -14,6 +14,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 from toolgrpo.config.schema import ModelConfig
 from toolgrpo.errors import UserError, one_line
 from toolgrpo.models.attention import register as register_attention
+from toolgrpo.models.identity import check_adapter_record
 from toolgrpo.models.registry import ResolvedModel, resolve_model
 
 log = logging.getLogger(__name__)
@@ -120,6 +121,8 @@ def load_policy(
     model.config.use_cache = True
     adapter = Path(cfg.adapter_path) if cfg.adapter_path else resolved.adapter_dir
     is_lora = cfg.lora_rank > 0 or adapter is not None
+    if adapter is not None:  # an adapter saved by toolgrpo sft names its base: check it
+        check_adapter_record(adapter, cfg.path, resolved.hf_dir, "model.path")
     if is_lora:
         model = _apply_lora(model, cfg, adapter, trainable, empty)
     if trainable and cfg.enable_gradient_checkpointing:

@@ -16,7 +16,7 @@ from toolgrpo.config.loader import to_yaml
 from toolgrpo.config.schema import as_dict
 from toolgrpo.config.validate import validate_sft_config
 from toolgrpo.envs.plugins import load_run_plugins
-from toolgrpo.models.identity import BASE_KEY, base_identity, check_base
+from toolgrpo.models.identity import BASE_KEY, base_identity, check_base, record_adapter_base
 from toolgrpo.models.loading import (
     load_policy,
     load_tokenizer,
@@ -219,6 +219,7 @@ class SFTTrainer:
         if self.policy.is_lora:
             self.policy.model.save_pretrained(final)
             _name_base(final, self.cfg.model.path)
+            record_adapter_base(final, self.cfg.model.path, self.policy.resolved.hf_dir)
         else:
             save_hf_model(self.policy, final)
         result = {
