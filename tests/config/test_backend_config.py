@@ -84,8 +84,7 @@ def test_ray_settings_are_checked():
         validate_train_config(cfg(ray, "trainer.distributed.call_timeout_s=0"))
     with pytest.raises(ConfigError, match="max_worker_restarts"):
         validate_train_config(cfg(ray, "trainer.distributed.max_worker_restarts=-1"))
-    with pytest.raises(ConfigError, match="async_training"):
-        validate_train_config(cfg(ray, "async_training.enable=true"))
+    validate_train_config(cfg(ray, "async_training.enable=true"))  # tests/ray/test_ray_async.py
     c = cfg(ray, "trainer.distributed.ray_init_kwargs={num_cpus: 2}")
     validate_train_config(c)
     assert c.trainer.distributed.ray_init_kwargs == {"num_cpus": 2}

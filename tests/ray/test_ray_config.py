@@ -34,7 +34,6 @@ def _config(**over: str) -> TrainConfig:
         ({"trainer.distributed.call_timeout_s": "0"}, "call_timeout_s"),
         ({"trainer.distributed.max_worker_restarts": "-1"}, "max_worker_restarts"),
         ({"trainer.distributed.backend": "spark"}, "trainer.distributed.backend"),
-        ({"async_training.enable": "true"}, "async_training"),
     ],
 )
 def test_unusable_ray_settings_are_refused(over, match):

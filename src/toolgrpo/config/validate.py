@@ -85,11 +85,6 @@ def validate_train_config(cfg: TrainConfig) -> None:
         _positive(dist.call_timeout_s, "trainer.distributed.call_timeout_s")
         if dist.max_worker_restarts < 0:
             raise ConfigError("trainer.distributed.max_worker_restarts must be >= 0")
-        if cfg.async_training.enable:
-            raise ConfigError(
-                "trainer.distributed.backend=ray does not combine with async_training.enable "
-                "yet: use the local backend for it"
-            )
 
     if r.name in ("vllm", "auto"):
         if r.tensor_model_parallel_size != 1:

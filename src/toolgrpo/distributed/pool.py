@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -118,6 +119,9 @@ class RolloutPool:
         self.weight_push_s = self.weight_put_s = self.weight_mb = 0.0
         self._step = {"wall": 0.0, "compute": 0.0}  # rollout calls since the last metrics()
         self._closed = False
+        # One caller at a time: async training's rollout thread dispatches while the trainer
+        # pushes weights (or validates); a push waits for the chunk in flight to come back.
+        self._lock = threading.RLock()
         t0 = time.perf_counter()
         try:
             self._slots = [_Slot(i, self._spawn(i)) for i in range(d.num_rollout_workers)]
@@ -147,6 +151,10 @@ class RolloutPool:
 
     def sync_weights(self, model: Any, version: int) -> None:
         """One object-store copy of this version's weights; every worker loads it."""
+        with self._lock:
+            self._sync_weights(model, version)
+
+    def _sync_weights(self, model: Any, version: int) -> None:
         t0 = time.perf_counter()
         payload = weights_to_send(model)
         ref = self._ray.put(payload)
@@ -207,9 +215,7 @@ class RolloutPool:
         return [ep for res in self._rollout("play", args) for ep in res.items]
 
     def metrics(self) -> dict[str, float]:
-        """Counters for the run, and the Ray share of the rollout calls since the last call."""
-        wall, compute = self._step["wall"], self._step["compute"]
-        self._step = {"wall": 0.0, "compute": 0.0}
+        """The pool's counters for the run (restarts, the last weight push)."""
         return {
             "ray/num_workers": float(len(self._slots)),
             "ray/worker_restarts": float(self.restarts),
@@ -218,6 +224,15 @@ class RolloutPool:
             "ray/weight_put_s": self.weight_put_s,
             "ray/weight_push_mb": self.weight_mb,
             "ray/weight_version": float(min((s.version for s in self._slots), default=-1)),
+        }
+
+    def rollout_times(self) -> dict[str, float]:
+        """The Ray share of the rollout calls since the last call (read right after a step's
+        rollout, on the thread that made it: with async training that is not the update's)."""
+        with self._lock:
+            wall, compute = self._step["wall"], self._step["compute"]
+            self._step = {"wall": 0.0, "compute": 0.0}
+        return {
             "ray/rollout_wall_s": wall,
             "ray/worker_compute_s": compute,
             "ray/dispatch_overhead_s": max(0.0, wall - compute),
@@ -250,11 +265,12 @@ class RolloutPool:
 
     # ---- dispatch and recovery ------------------------------------------------------------
     def _rollout(self, method: str, args: list[tuple]) -> list[ChunkResult]:
-        t0 = time.perf_counter()
-        results: list[ChunkResult] = self._dispatch(method, args, self.timeout)
-        self._step["wall"] += time.perf_counter() - t0
-        # Chunks run in parallel: the work took as long as the slowest one.
-        self._step["compute"] += max((r.compute_s for r in results), default=0.0)
+        with self._lock:
+            t0 = time.perf_counter()
+            results: list[ChunkResult] = self._dispatch(method, args, self.timeout)
+            self._step["wall"] += time.perf_counter() - t0
+            # Chunks run in parallel: the work took as long as the slowest one.
+            self._step["compute"] += max((r.compute_s for r in results), default=0.0)
         return results
 
     def _dispatch(self, method: str, args: list[tuple], timeout: float) -> list[Any]:
@@ -262,6 +278,10 @@ class RolloutPool:
         whose worker fails is re-run on that worker's replacement."""
         if len(args) > len(self._slots):
             raise ValueError(f"{len(args)} chunks for {len(self._slots)} workers")
+        with self._lock:
+            return self._dispatch_locked(method, args, timeout)
+
+    def _dispatch_locked(self, method: str, args: list[tuple], timeout: float) -> list[Any]:
         results: list[Any] = [None] * len(args)
         live = {}
         for c, a in enumerate(args):

@@ -70,7 +70,10 @@ class StaleBuffer(Generic[T]):
 
 class AsyncRollout:
     """Runs ``produce(step, generator_model)`` for steps ``start..end`` on a thread, against a
-    copy of the policy that is refreshed from the trainer's weights before each batch."""
+    copy of the policy that is refreshed from the trainer's weights before each batch. With
+    ``model=None`` the backend keeps its own copy (a Ray pool the trainer pushes weights to
+    after each update): ``produce`` gets None, and a batch is labelled with the updates applied
+    when it started (its samples may be a version newer, never older)."""
 
     def __init__(
         self,
@@ -81,7 +84,7 @@ class AsyncRollout:
         max_staleness: int,
     ) -> None:
         self.model = model  # the trainer's (trained in place)
-        self.rollout_model = copy.deepcopy(model).eval()
+        self.rollout_model = copy.deepcopy(model).eval() if model is not None else None
         self.produce = produce
         self.buffer: StaleBuffer[Any] = StaleBuffer(max_staleness, max_staleness + 1)
         self.version = start - 1  # updates applied to the trainer's weights
@@ -115,7 +118,7 @@ class AsyncRollout:
                     return
                 with self.lock:
                     version = self.version
-                    if self._synced != version:
+                    if self.model is not None and self._synced != version:
                         self.rollout_model.load_state_dict(self.model.state_dict())
                         self._synced = version
                 item = self.produce(step, self.rollout_model)

@@ -50,7 +50,6 @@ from toolgrpo.trainer.parallel import (
     actor_policy,
     open_tracker,
     push_weights,
-    refresh_rollout_copy,
 )
 from toolgrpo.trainer.replay import AsyncRollout, take_batch
 from toolgrpo.trainer.resume import prepare_output_dir
@@ -286,7 +285,7 @@ class Trainer:
         else:  # the rollout thread copies weights only between updates
             with producer.lock if producer is not None else nullcontext():
                 actor_metrics = self.actor.update(batch)
-                refresh_rollout_copy(self.actor, self.policy, self.ranks)  # fsdp2: rank 0's
+                self._push_weights(step)  # fsdp2: into rank 0's copy; Ray: to the workers
             if producer is not None:
                 producer.updated()
         if full_mask is not None:  # the step's metrics describe what was sampled
@@ -307,11 +306,17 @@ class Trainer:
         bs = self.cfg.actor_rollout_ref.rollout.generation_batch_size
 
         def produce(step: int, model: Any) -> Rolled:
-            gen = HFGenerator(model, self.tokenizer, self.policy.dtype, bs)
+            # a copy of the HF module on this thread, or (model None) the Ray pool's workers
+            gen = (
+                HFGenerator(model, self.tokenizer, self.policy.dtype, bs)
+                if model is not None
+                else None
+            )
             return self.produce(step, sampler.next_batch(), gen)
 
+        model = None if self.pool is not None else self.policy.model
         producer = AsyncRollout(
-            self.policy.model,
+            model,
             produce,
             self.step + 1,
             self.total_steps,
@@ -324,7 +329,10 @@ class Trainer:
     def produce(self, step: int, indices: list[int], generator: Any = None) -> Rolled:
         """Rollout and reward for the tasks at ``indices`` (trainer/rollout_stage.py)."""
         tasks = [self.tasks[i] for i in indices]
-        return self.rollouts.produce(step, tasks, generator or self.generator, self.step)
+        rolled = self.rollouts.produce(step, tasks, generator or self.generator, self.step)
+        if self.pool is not None:  # this batch's share of the workers' time
+            rolled.metrics.update(self.pool.rollout_times())
+        return rolled
 
     def prepare_old_and_ref(self, batch: Batch, behaviour: bool = False) -> dict[str, float]:
         """Old and reference log-probs, values for GAE (trainer/advantage_stage.py)."""
