@@ -100,9 +100,9 @@ class RouterHead(torch.nn.Module):
         x = features_BH.float()
         if self.feature_norm == "layer":
             return self.norm(x) / self.hidden_size**0.5
-        if float(self.feature_count) == 0:  # nothing observed yet (a fresh head): layer-normed
+        if float(self.feature_count) < 2:  # no spread observed yet (a fresh head): layer-normed
             return torch.nn.functional.layer_norm(x, (self.hidden_size,)) / self.hidden_size**0.5
-        floor = 1e-3 * float(self.feature_var.mean()) + 1e-12  # near-constant dimensions
+        floor = 1e-3 * float(self.feature_var.mean()) + 1e-6  # near-constant dimensions
         z = (x - self.feature_mean) / (self.feature_var + floor).sqrt()
         return z / self.hidden_size**0.5
 

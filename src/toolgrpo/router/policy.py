@@ -166,8 +166,10 @@ class RouterPolicy:
             "feature_norm",
         ):
             if key in meta and meta[key] != mine[key]:
+                fix = f"; set router.{key}={meta[key]}" if key != "hidden_size" else ""
                 raise ValueError(
-                    f"the checkpoint's router head has {key}={meta[key]!r}, this run {mine[key]!r}"
+                    f"the checkpoint's router head has {key}={meta[key]!r}, this run "
+                    f"{mine[key]!r}{fix}"
                 )
         fmt = meta.get("tool_format", "hermes")  # heads before it read hermes openings
         if fmt != self.tool_format:
