@@ -46,11 +46,7 @@ from toolgrpo.trainer.actor import Actor
 from toolgrpo.trainer.batch import Batch
 from toolgrpo.trainer.episodes import EpisodeRunner, make_router, mask_truncated_rows
 from toolgrpo.trainer.metrics import NoSignalWatch, batch_metrics
-from toolgrpo.trainer.parallel import (
-    actor_policy,
-    open_tracker,
-    push_weights,
-)
+from toolgrpo.trainer.parallel import actor_policy, open_tracker, push_weights
 from toolgrpo.trainer.replay import AsyncRollout, take_batch
 from toolgrpo.trainer.resume import prepare_output_dir
 from toolgrpo.trainer.rollout_dump import make_dumper
