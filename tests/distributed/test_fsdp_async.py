@@ -6,16 +6,13 @@ holds the shards' weights."""
 
 from __future__ import annotations
 
-import os
-import zlib
 from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from tests.conftest import train_overrides
-from tests.distributed import free_port
+from tests.distributed import run_world, varied_score
 from toolgrpo.config.loader import ConfigError, load_config
 from toolgrpo.config.schema import TrainConfig
 
@@ -35,14 +32,6 @@ def _cfg(model, data, out: Path, steps: int, world: int, **extra) -> TrainConfig
         **extra,
     }
     return load_config(TrainConfig, None, train_overrides(model, data, out, steps, **extra))
-
-
-def _varied_score(task, text, step, flags):
-    """A deterministic score that differs between samples, so advantages are not all 0."""
-    from toolgrpo.rewards.scoring import Score
-
-    v = float(zlib.crc32(text.encode()) % 7) - 3.0
-    return Score(v, 0.0, v, 0.0, False, False)
 
 
 def _run(world: int, args: tuple, result: str) -> None:
@@ -65,24 +54,9 @@ def _run(world: int, args: tuple, result: str) -> None:
         trainer.close()
 
 
-def _rank(rank: int, world: int, port: int, args: tuple, result: str) -> None:
-    env = {"RANK": rank, "WORLD_SIZE": world, "LOCAL_RANK": rank, "MASTER_PORT": port}
-    os.environ.update({"MASTER_ADDR": "127.0.0.1", **{k: str(v) for k, v in env.items()}})
-    torch.set_num_threads(1)
-    from toolgrpo.trainer import rollout_stage
-
-    rollout_stage.score = _varied_score  # a spawned process: nothing to undo
-    _run(world, args, result)
-
-
 def _train(model, data, out: Path, steps: int, world: int) -> dict:
     result = str(out.parent / f"{out.name}_{world}.pt")
-    args = (model, data, out, steps)
-    if world == 1:
-        _run(1, args, result)
-    else:
-        mp.spawn(_rank, args=(world, free_port(), args, result), nprocs=world, join=True)
-    return torch.load(result, weights_only=False)
+    return run_world(_run, world, (model, data, out, steps), result)
 
 
 def test_async_training_runs_sharded_and_its_rollout_copy_follows_the_shards(
@@ -90,7 +64,7 @@ def test_async_training_runs_sharded_and_its_rollout_copy_follows_the_shards(
 ):
     from toolgrpo.trainer import rollout_stage
 
-    monkeypatch.setattr(rollout_stage, "score", _varied_score)
+    monkeypatch.setattr(rollout_stage, "score", varied_score)
     one = _train(tiny_model_dir, tiny_data, tmp_path / "one", 3, 1)
     two = _train(tiny_model_dir, tiny_data, tmp_path / "two", 3, 2)
     h1, h2 = one["history"], two["history"]

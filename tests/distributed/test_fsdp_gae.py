@@ -5,16 +5,13 @@ actor's root unit, and checkpoints saved and loaded it as one process's whole te
 
 from __future__ import annotations
 
-import os
-import zlib
 from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from tests.conftest import read_metrics, train_overrides
-from tests.distributed import free_port
+from tests.distributed import run_world, varied_score
 from toolgrpo.config.loader import load_config
 from toolgrpo.config.schema import TrainConfig
 
@@ -44,14 +41,6 @@ def _cfg(model, data, out: Path, steps: int, world: int) -> TrainConfig:
     return load_config(TrainConfig, None, train_overrides(model, data, out, steps, **extra))
 
 
-def _varied_score(task, text, step, flags):
-    """A deterministic score that differs between samples, so returns (and vf_loss) are not 0."""
-    from toolgrpo.rewards.scoring import Score
-
-    v = float(zlib.crc32(text.encode()) % 7) - 3.0
-    return Score(v, 0.0, v, 0.0, False, False)
-
-
 def _run(world: int, args: tuple, result: str) -> None:
     """One rank (or the one process) of ``toolgrpo train``; rank 0 saves the step metrics and
     the value head as the run started with it (after any resume), gathered whole."""
@@ -68,25 +57,10 @@ def _run(world: int, args: tuple, result: str) -> None:
         trainer.close()
 
 
-def _rank(rank: int, world: int, port: int, args: tuple, result: str) -> None:
-    env = {"RANK": rank, "WORLD_SIZE": world, "LOCAL_RANK": rank, "MASTER_PORT": port}
-    os.environ.update({"MASTER_ADDR": "127.0.0.1", **{k: str(v) for k, v in env.items()}})
-    torch.set_num_threads(1)
-    from toolgrpo.trainer import rollout_stage
-
-    rollout_stage.score = _varied_score  # a spawned process: nothing to undo
-    _run(world, args, result)
-
-
 def _train(model, data, out: Path, steps: int, world: int) -> dict:
     """Ranks are spawned; the one process is this one (it saves a process start)."""
     result = str(out.parent / f"{out.name}_{steps}_{world}.pt")
-    args = (model, data, out, steps)
-    if world == 1:
-        _run(1, args, result)
-    else:
-        mp.spawn(_rank, args=(world, free_port(), args, result), nprocs=world, join=True)
-    return torch.load(result, weights_only=False)
+    return run_world(_run, world, (model, data, out, steps), result)
 
 
 def _saved_head(out: Path, step: int) -> dict[str, torch.Tensor]:
@@ -99,7 +73,7 @@ def test_gae_trains_on_two_ranks_and_resumes_across_world_sizes(
 ):
     from toolgrpo.trainer import rollout_stage
 
-    monkeypatch.setattr(rollout_stage, "score", _varied_score)
+    monkeypatch.setattr(rollout_stage, "score", varied_score)
     one, two = tmp_path / "one", tmp_path / "two"
     h1 = _train(tiny_model_dir, tiny_data, one, 2, 1)["history"]
     h2 = _train(tiny_model_dir, tiny_data, two, 2, 2)["history"]
