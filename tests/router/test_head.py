@@ -145,3 +145,38 @@ def test_statistics_travel_with_the_head_and_old_heads_stay_layer_normed():
     with pytest.raises(ValueError, match="feature_norm='layer'"):
         RouterPolicy(lm, ["ANSWER", "SEARCH"]).load_state_dict(old)
     RouterPolicy(lm, ["ANSWER", "SEARCH"], feature_norm="layer").load_state_dict(old)
+
+
+def test_the_averaged_head_is_the_bias_corrected_mean_and_training_resumes_from_the_last():
+    lm = SimpleNamespace(base=SimpleNamespace(config=SimpleNamespace(hidden_size=4)))
+    router = RouterPolicy(lm, ["ANSWER", "SEARCH"], head_ema=0.5)
+    feats = torch.randn(6, 4)
+    router.observe(feats)
+    seen = []
+    for _ in range(3):
+        router.update(feats, torch.tensor([0, 1] * 3), torch.randn(6), entropy_coeff=0.0)
+        seen.append({k: v.clone() for k, v in router.head.net.state_dict().items()})
+    # weights 1/7, 2/7, 4/7 for the three iterates: the zero start carries none
+    want = {k: (seen[0][k] + 2 * seen[1][k] + 4 * seen[2][k]) / 7 for k in seen[0]}
+    last = {k: v.clone() for k, v in router.head.net.state_dict().items()}
+    with router.averaged():
+        for k, v in router.head.net.state_dict().items():
+            torch.testing.assert_close(v, want[k])
+    for k, v in router.head.net.state_dict().items():
+        assert torch.equal(v, last[k])  # training goes on from the last iterate
+    # a checkpoint keeps both; inference routes with the average, a resume trains the last
+    state = router.state_dict()
+    resumed = RouterPolicy(lm, ["ANSWER", "SEARCH"], head_ema=0.5)
+    resumed.load_state_dict(state)
+    assert resumed.average.steps == 3
+    for k, v in resumed.head.net.state_dict().items():
+        assert torch.equal(v, last[k])
+    served = RouterPolicy(lm, ["ANSWER", "SEARCH"])
+    served.load_state_dict(state)
+    served.adopt_average(state)
+    for k, v in served.head.net.state_dict().items():
+        torch.testing.assert_close(v, want[k])
+    plain = RouterPolicy(lm, ["ANSWER", "SEARCH"])  # head_ema = 0: no average, nothing swapped
+    with plain.averaged():
+        pass
+    assert "head_average" not in plain.state_dict()

@@ -11,6 +11,7 @@ An example (defaults are in ``RouterConfig``)::
       feature_norm: standardize  # running per-dimension mean/std | layer (each vector alone)
       freeze_lm: true        # router-only training: the LM takes no update
       lr: 1.0                # the head's own SGD; null = a param group in the actor's optimizer
+      head_ema: 0.95         # validation/eval/infer route with this EMA of the head (0 = last)
       budget: 0.3            # B: average tool cost per example
       lambda_init: 0.0       # λ at step 0 (a resumed run restores its own)
       dual_lr: 0.1           # η in λ ← max(0, λ + η·(mean_cost − B))
@@ -85,6 +86,10 @@ class RouterConfig:
     # SGD on unit-norm features: one step moves a prompt's logits by about lr·advantage. None =
     # a param group in the actor's optimizer (its lr, e.g. 1e-6, is far too small for a fresh head).
     lr: float | None = 1.0
+    # Validation, eval and infer route with an exponential average of the head's weights over
+    # its updates (bias-corrected; this decay per update): under a moving λ the last iterate
+    # swings past the budget and back, the average is what the run played. 0 = the last iterate.
+    head_ema: float = 0.95
     grad_clip: float = 1.0
     entropy_coeff: float = 0.01
     # reward/advantage modes: GRPO (True) or Dr.GRPO (False) groups; ``price`` has its own scale.
@@ -149,6 +154,8 @@ def check_router_config(cfg: Any) -> None:
         raise ConfigError(f"router.routes needs at least 2 distinct routes, got {rc.routes}")
     if rc.pooling not in POOLINGS:
         raise ConfigError(f"router.pooling={rc.pooling!r} is not one of {', '.join(POOLINGS)}")
+    if not 0.0 <= float(rc.head_ema) < 1.0:
+        raise ConfigError(f"router.head_ema must be in [0, 1), got {rc.head_ema}")
     if rc.feature_norm not in FEATURE_NORMS:
         raise ConfigError(
             f"router.feature_norm={rc.feature_norm!r} is not one of {', '.join(FEATURE_NORMS)}"

@@ -123,6 +123,35 @@ class RouterHead(torch.nn.Module):
         return RouterOutput(logits, action, logp.gather(-1, action.view(-1, 1)).squeeze(-1))
 
 
+class HeadAverage:
+    """A bias-corrected exponential average of a head's weights over its updates (``decay`` per
+    update; its feature statistics are not averaged). Under a moving price λ the last iterate
+    swings with λ; the average is the policy the run played, so held-out cost follows the
+    budget (``router.head_ema``)."""
+
+    def __init__(self, head: RouterHead, decay: float) -> None:
+        self.decay, self.steps = decay, 0
+        self.weights = {k: torch.zeros_like(v) for k, v in head.net.state_dict().items()}
+
+    @torch.no_grad()
+    def update(self, head: RouterHead) -> None:
+        self.steps += 1
+        for k, v in head.net.state_dict().items():
+            self.weights[k].mul_(self.decay).add_(v.detach(), alpha=1 - self.decay)
+
+    def averaged(self) -> dict[str, torch.Tensor]:
+        scale = 1 - self.decay**self.steps
+        return {k: v / scale for k, v in self.weights.items()}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"decay": self.decay, "steps": self.steps, "weights": self.weights}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.steps = int(state["steps"])
+        for k, v in state["weights"].items():
+            self.weights[k].copy_(v)
+
+
 def pool(hidden_BTH: torch.Tensor, mask_BT: torch.Tensor, pooling: str) -> torch.Tensor:
     """One vector per row from left-padded hidden states."""
     if pooling == "last":

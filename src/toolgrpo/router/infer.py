@@ -60,6 +60,7 @@ def load_router(cfg: Any, lm: Any, checkpoint: str | None) -> tuple[RouterPolicy
             feature_norm=str(meta.get("feature_norm", "layer")),  # heads before it: layer
         )
         router.load_state_dict(state)
+        router.adopt_average(state)  # the weights validation routed with (router.head_ema)
         return router, False
     if not cfg.router.enable:
         return None, False

@@ -8,7 +8,8 @@ GRPO/PPO loss. The head has its own SGD, or joins the actor's optimizer as a par
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -16,7 +17,7 @@ import torch
 from toolgrpo.algos.router import router_loss
 from toolgrpo.data.task import Task
 from toolgrpo.rollout.prompts import render_prompt
-from toolgrpo.router.head import RouterHead, RouterOutput, prompt_features
+from toolgrpo.router.head import HeadAverage, RouterHead, RouterOutput, prompt_features
 
 
 class RouterPolicy:
@@ -34,6 +35,7 @@ class RouterPolicy:
         inputs: str = "opening",
         tool_format: str = "hermes",
         feature_norm: str = "standardize",
+        head_ema: float = 0.0,
     ) -> None:
         self.lm = lm
         self.routes = [r.upper() for r in routes]
@@ -52,6 +54,8 @@ class RouterPolicy:
         self.head = RouterHead(hidden, len(self.routes), head_hidden, feature_norm)
         if getattr(lm, "device", None) is not None:
             self.head.to(lm.device)
+        # router.head_ema: the weights validation, eval and infer route with
+        self.average = HeadAverage(self.head, head_ema) if head_ema > 0 else None
         self.shared = lr is None
         if self.shared:
             if actor_optimizer is None:
@@ -146,12 +150,39 @@ class RouterPolicy:
         if torch.isfinite(norm):
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        if self.average is not None:
+            self.average.update(self.head)
         metrics["router/grad_norm"] = float(norm)
         return metrics
 
+    @contextmanager
+    def averaged(self) -> Iterator[None]:
+        """Route with the averaged weights (``router.head_ema``) inside the block; the last
+        iterate, which training goes on from, comes back after it."""
+        if self.average is None or self.average.steps == 0:
+            yield
+            return
+        last = {k: v.clone() for k, v in self.head.net.state_dict().items()}
+        self.head.net.load_state_dict(self.average.averaged())
+        try:
+            yield
+        finally:
+            self.head.net.load_state_dict(last)
+
+    def adopt_average(self, state: dict[str, Any]) -> None:
+        """For inference: route with a checkpoint's averaged weights when it saved them."""
+        got = state.get("head_average")
+        if got and int(got["steps"]) > 0:
+            average = HeadAverage(self.head, float(got["decay"]))
+            average.load_state_dict(got)
+            self.head.net.load_state_dict(average.averaged())
+
     def state_dict(self) -> dict[str, Any]:
         opt = None if self.shared else self.optimizer.state_dict()  # shared: in optimizer.pt
-        return {"meta": self.meta, "head": self.head.state_dict(), "optimizer": opt}
+        state = {"meta": self.meta, "head": self.head.state_dict(), "optimizer": opt}
+        if self.average is not None:
+            state["head_average"] = self.average.state_dict()
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         meta = state.get("meta", {})
@@ -178,6 +209,8 @@ class RouterPolicy:
                 f"{self.tool_format!r} (actor_rollout_ref.rollout.multi_turn.format)"
             )
         self.head.load_state_dict(state["head"])
+        if self.average is not None and state.get("head_average"):
+            self.average.load_state_dict(state["head_average"])
         if state.get("optimizer") is not None and not self.shared:
             lrs = [g["lr"] for g in self.optimizer.param_groups]  # router.lr as configured now
             self.optimizer.load_state_dict(state["optimizer"])

@@ -123,6 +123,7 @@ class RouterRuntime:
             inputs=rc.inputs,
             tool_format=cfg.actor_rollout_ref.rollout.multi_turn.format,
             feature_norm=rc.feature_norm,
+            head_ema=rc.head_ema,
         )
         self.policy.read_tasks_with(envs, self.max_prompt_length)
         self.routes = self.policy.routes

@@ -90,9 +90,10 @@ def validate(val: ValSetup, tasks: Sequence[Task], step: int, version: int) -> V
         return runner.play(ts, params, step, version, rollback=False, conditions=conds)
 
     routes, extra, run = None, {}, None
-    if val.router is not None:  # routed, as toolgrpo eval plays it
+    if val.router is not None:  # routed, as toolgrpo eval plays it (router.head_ema's head)
         setup = runtime_setup(val.router, runner.router, val.seed, step)
-        run = play_routed(setup, tasks, params.n, d.max_prompt_length, play)
+        with val.router.policy.averaged():
+            run = play_routed(setup, tasks, params.n, d.max_prompt_length, play)
         eps, routes, extra = run.episodes, run.routes, routed_metrics(run.report, "val")
     else:
         eps = play(tasks)
