@@ -5,9 +5,10 @@ modelled: a routed eval (``benchmarks/router_discrimination.py``) played every h
 every route, so each (task, route) has a measured reward and tool cost. The head reads the
 checkpoint's own features of those tasks (its ``router.inputs`` and layer) and trains as in a run
 (``price`` advantages, n = 4 routes per task, 12 tasks a step, the PI dual step and entropy bonus
-of ``benchmarks/router_budget.py``), drawing each rollout's reward and cost from the table. Two
-folds of the tasks (alternating within each type): a head trained on one is scored on the other,
-so every task is scored out of fold. Each ``router.feature_norm`` is run at every seed and
+of ``benchmarks/router_budget.py``; held-out routing by the averaged head, ``router.head_ema``),
+drawing each rollout's reward and cost from the table. Two folds of the tasks (alternating
+within each type): a head trained on one is scored on the other, so every task is scored out of
+fold. Each ``router.feature_norm`` is run at every seed and
 compared with the best task-blind route mix at its own cost, paired by task.
 
 What it isolates: whether the head, given these features and these outcomes, can tell the task
@@ -47,6 +48,8 @@ from router_discrimination import (  # noqa: E402
     held_out,
     route_shares,
 )
+
+from toolgrpo.config.router import RouterConfig  # noqa: E402
 
 WORK = ROOT / "outputs" / "router_discrimination"
 NORMS = ("standardize", "layer")
@@ -91,7 +94,7 @@ def train_head(
     lm = SimpleNamespace(base=SimpleNamespace(config=SimpleNamespace(hidden_size=feats.shape[1])))
     torch.manual_seed(seed)
     g = torch.Generator().manual_seed(seed)
-    router = RouterPolicy(lm, routes, lr=args.lr, feature_norm=norm)
+    router = RouterPolicy(lm, routes, lr=args.lr, feature_norm=norm, head_ema=args.head_ema)
     dual = Budget(args.budget, 0.0, args.dual_lr, 1, dual_kp=args.dual_kp)
     for _ in range(args.steps):
         pick = torch.randint(0, len(rows), (args.tasks,), generator=g)
@@ -120,7 +123,7 @@ def run(feats: torch.Tensor, rows: list[dict[str, Any]], norm: str, seed: int, a
         train = [i for i, f in enumerate(fold) if f == k]
         test = [i for i, f in enumerate(fold) if f != k]
         head = train_head(feats[train], [rows[i] for i in train], norm, seed, args)
-        with torch.no_grad():
+        with torch.no_grad(), head.averaged():  # as validation and infer route
             probs = torch.softmax(head.head(feats[test]), -1)
         for i, p in zip(test, probs, strict=True):
             scored[i]["probs"] = {k2: float(v) for k2, v in zip(head.routes, p, strict=True)}
@@ -180,6 +183,7 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--dual-lr", type=float, default=0.2)
     ap.add_argument("--dual-kp", type=float, default=2.0)
     ap.add_argument("--entropy-coeff", type=float, default=0.1)
+    ap.add_argument("--head-ema", type=float, default=RouterConfig().head_ema)
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "router_replay")
     args = ap.parse_args(argv)
     from toolgrpo.envs.arith_mixed import needs_tool
