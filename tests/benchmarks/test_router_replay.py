@@ -37,7 +37,15 @@ def _table(n: int = 40) -> tuple[torch.Tensor, list[dict]]:
 
 
 ARGS = Namespace(
-    steps=150, tasks=12, n=4, budget=0.5, lr=1.0, dual_lr=0.2, dual_kp=2.0, entropy_coeff=0.01
+    steps=150,
+    tasks=12,
+    n=4,
+    budget=0.5,
+    lr=1.0,
+    dual_lr=0.2,
+    dual_kp=2.0,
+    entropy_coeff=0.01,
+    head_ema=0.95,
 )
 
 

@@ -152,19 +152,16 @@ class RolloutPool:
     def sync_weights(self, model: Any, version: int) -> None:
         """One object-store copy of this version's weights; every worker loads it."""
         with self._lock:
-            self._sync_weights(model, version)
-
-    def _sync_weights(self, model: Any, version: int) -> None:
-        t0 = time.perf_counter()
-        payload = weights_to_send(model)
-        ref = self._ray.put(payload)
-        self.weight_put_s = time.perf_counter() - t0
-        self.weight_mb = payload.nbytes / 2**20
-        self._weights = (version, ref)  # the previous version's object is freed with its ref
-        self._dispatch("set_weights", [(version, ref)] * len(self._slots), self.startup_timeout)
-        for s in self._slots:
-            s.version = version
-        self.weight_push_s = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            payload = weights_to_send(model)
+            ref = self._ray.put(payload)
+            self.weight_put_s = time.perf_counter() - t0
+            self.weight_mb = payload.nbytes / 2**20
+            self._weights = (version, ref)  # the previous version's object is freed with its ref
+            self._dispatch("set_weights", [(version, ref)] * len(self._slots), self.startup_timeout)
+            for s in self._slots:
+                s.version = version
+            self.weight_push_s = time.perf_counter() - t0
 
     def generate(
         self, prompts: list[list[int]], params: SamplingParams, policy: str | None = None
@@ -239,7 +236,8 @@ class RolloutPool:
         }
 
     def worker_info(self) -> list[WorkerInfo]:
-        return self._dispatch("ping", [()] * len(self._slots), self.timeout)
+        with self._lock:
+            return self._dispatch("ping", [()] * len(self._slots), self.timeout)
 
     @property
     def actors(self) -> list[Any]:
@@ -278,10 +276,6 @@ class RolloutPool:
         whose worker fails is re-run on that worker's replacement."""
         if len(args) > len(self._slots):
             raise ValueError(f"{len(args)} chunks for {len(self._slots)} workers")
-        with self._lock:
-            return self._dispatch_locked(method, args, timeout)
-
-    def _dispatch_locked(self, method: str, args: list[tuple], timeout: float) -> list[Any]:
         results: list[Any] = [None] * len(args)
         live = {}
         for c, a in enumerate(args):

@@ -209,7 +209,6 @@ class Trainer:
         tracker = open_tracker(self.ranks, self.cfg, self.out, self.total_steps, self.step, lines)
         history = []
         watch = NoSignalWatch(t.warn_no_signal_steps, self.cfg.algorithm.adv_estimator != "gae")
-        # async: rank 0's rollout thread samples ahead while every rank updates
         producer = self._start_async() if self.cfg.async_training.enable and main else None
         try:
             if t.val_before_train and self.step == 0 and main:
@@ -301,13 +300,8 @@ class Trainer:
         sampler = copy.deepcopy(self.sampler)
         bs = self.cfg.actor_rollout_ref.rollout.generation_batch_size
 
-        def produce(step: int, model: Any) -> Rolled:
-            # a copy of the HF module on this thread, or (model None) the Ray pool's workers
-            gen = (
-                HFGenerator(model, self.tokenizer, self.policy.dtype, bs)
-                if model is not None
-                else None
-            )
+        def produce(step: int, model: Any) -> Rolled:  # model None: the Ray pool's workers
+            gen = HFGenerator(model, self.tokenizer, self.policy.dtype, bs) if model else None
             return self.produce(step, sampler.next_batch(), gen)
 
         model = None if self.pool is not None else self.policy.model
