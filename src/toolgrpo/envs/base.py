@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 import inspect
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -98,6 +98,14 @@ class Env(ABC):
         environment's own ``start`` without a reset; ``None`` when it cannot be derived. The
         startup prompt measurement resets one environment per task type and asks this for the
         rest, so environments that open a server session each reset override it."""
+        return None
+
+    async def openings_for(self, tasks: Sequence[Task]) -> list[EnvStart | None] | None:
+        """The openings of ``tasks`` (of this environment's type) in one batch, asked of a fresh
+        environment before (instead of) its reset: ``None`` in the list where a task's cannot
+        open, ``None`` overall where this environment cannot batch (the startup measurement then
+        resets it, and uses ``opening_for``). Remote environments ask their server in one
+        session rather than one session per task."""
         return None
 
     # ---- rollback support (issue #6) ----------------------------------------------------------

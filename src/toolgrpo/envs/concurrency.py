@@ -43,11 +43,11 @@ class EnvSlots:
 
 
 def hold_slot(env: Env, slots: EnvSlots) -> Env:
-    """``env`` with a slot taken before its ``reset`` (if ``slot_taker`` did not already) and
-    given back after its ``close`` (also when reset never got one, or the episode failed or was
-    cancelled); ``env`` itself, not a wrapper, so the episode loop sees its attributes as they
-    are."""
-    reset, close = env.reset, env.close
+    """``env`` with a slot taken before its ``reset`` or ``openings_for`` (if ``slot_taker`` did
+    not already) and given back after its ``close`` (also when reset never got one, or the
+    episode failed or was cancelled); ``env`` itself, not a wrapper, so the episode loop sees its
+    attributes as they are."""
+    reset, close, openings = env.reset, env.close, env.openings_for
     held: list[asyncio.Semaphore] = []
 
     async def take() -> None:
@@ -60,6 +60,10 @@ def hold_slot(env: Env, slots: EnvSlots) -> Env:
         await take()
         return await off_loop(reset)
 
+    async def openings_in_slot(tasks: Any) -> Any:  # a remote one holds a server session too
+        await take()
+        return await openings(tasks)
+
     async def close_and_free() -> None:
         try:
             await off_loop(close)
@@ -69,6 +73,7 @@ def hold_slot(env: Env, slots: EnvSlots) -> Env:
 
     env.reset = reset_in_slot  # type: ignore[method-assign]
     env.close = close_and_free  # type: ignore[method-assign]
+    env.openings_for = openings_in_slot  # type: ignore[method-assign]
     setattr(env, _TAKER, take)
     return env
 

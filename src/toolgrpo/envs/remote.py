@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
@@ -31,6 +31,7 @@ from websockets.exceptions import InvalidStatus, WebSocketException
 from toolgrpo.data.task import Task
 from toolgrpo.envs.base import Env, EnvReward, EnvStart, Transcript
 from toolgrpo.envs.registry import EnvConfigError, register_env
+from toolgrpo.envs.remote_openings import request_openings
 from toolgrpo.envs.wire import (
     GROUND_TRUTH_HEADER,
     WireError,
@@ -129,38 +130,9 @@ class RemoteEnv(Env):
         if self._ws is not None or self.fatal_error is not None:
             await self._fail("reset called twice on one remote episode")
             return fallback
-        host = urlsplit(self.options.url).hostname or ""
-        headers = {"Authorization": f"Bearer {self.options.token}"} if self.options.token else None
-        try:
-            self._ws = await connect(
-                self.options.url,
-                additional_headers=headers,
-                open_timeout=self.options.connect_timeout_s,
-                close_timeout=2.0,
-                ping_interval=None,  # a trainer busy generating cannot answer pings in time
-                max_size=self.options.max_message_bytes,
-                proxy=None if is_loopback(host) else True,
-            )
-        except InvalidStatus as e:
-            code = e.response.status_code
-            hint = {401: " (check the token)", 403: " (check the token)"}.get(code, "")
-            hint = " (server at its session limit, see --max-sessions)" if code == 503 else hint
-            await self._fail(f"{self.options.url} refused the session: HTTP {code}{hint}")
+        if not await self._connect():
             return fallback
-        except (OSError, asyncio.TimeoutError, WebSocketException) as e:
-            await self._fail(f"cannot connect to {self.options.url}: {type(e).__name__}: {e}")
-            return fallback
-        task = self.task
-        # The answer stays here unless the server's environment declared it needs it at reset;
-        # a server that says nothing (an older one) gets the whole task, as before.
-        wanted = self._ws.response.headers.get(GROUND_TRUTH_HEADER) if self._ws.response else None
-        self._ground_truth_sent = wanted in (None, "reset")
-        if not self._ground_truth_sent:  # the reference solution (SFT target) is an answer too
-            meta = {k: v for k, v in task.meta.items() if k not in _ANSWER_META}
-            task = replace(task, ground_truth="", meta=meta)
-        msg = {"op": "reset", "task": task_to_dict(task)}
-        if not self._ground_truth_sent:
-            del msg["task"]["ground_truth"]
+        msg = {"op": "reset", "task": self._wire_task(self.task)}
         reply = await self._request(msg, "start")
         if reply is None:
             return fallback
@@ -177,6 +149,21 @@ class RemoteEnv(Env):
         self.single_turn = bool(reply.get("single_turn", False))
         self.supports_snapshot = bool(reply.get("snapshot", False))
         return start
+
+    async def openings_for(self, tasks: Sequence[Task]) -> list[EnvStart | None] | None:
+        """The server's openings for ``tasks`` over one session of their own (closed after),
+        ``None`` from a server without the ``openings`` op; a failed server leaves them all
+        ``None`` (and ``fatal_error`` set). The episode itself is not started."""
+        if self._ws is not None or self.fatal_error is not None:
+            return None
+        if not await self._connect():
+            return [None] * len(tasks)
+        try:
+            wire = [self._wire_task(t) for t in tasks]
+            o = self.options
+            return await request_openings(self._request, wire, o.timeout_s, o.max_message_bytes)
+        finally:
+            await self.close()
 
     async def step(self, calls: list[ToolCall]) -> list[ToolResult]:
         if not calls:
@@ -262,6 +249,45 @@ class RemoteEnv(Env):
             await self._fail(f"restore failed: {reply.get('message')}")
 
     # ---- transport ----------------------------------------------------------------------------
+    async def _connect(self) -> bool:
+        """A session opened (``self._ws``); on failure ``fatal_error`` says why."""
+        host = urlsplit(self.options.url).hostname or ""
+        headers = {"Authorization": f"Bearer {self.options.token}"} if self.options.token else None
+        try:
+            self._ws = await connect(
+                self.options.url,
+                additional_headers=headers,
+                open_timeout=self.options.connect_timeout_s,
+                close_timeout=2.0,
+                ping_interval=None,  # a trainer busy generating cannot answer pings in time
+                max_size=self.options.max_message_bytes,
+                proxy=None if is_loopback(host) else True,
+            )
+        except InvalidStatus as e:
+            code = e.response.status_code
+            hint = {401: " (check the token)", 403: " (check the token)"}.get(code, "")
+            hint = " (server at its session limit, see --max-sessions)" if code == 503 else hint
+            await self._fail(f"{self.options.url} refused the session: HTTP {code}{hint}")
+            return False
+        except (OSError, asyncio.TimeoutError, WebSocketException) as e:
+            await self._fail(f"cannot connect to {self.options.url}: {type(e).__name__}: {e}")
+            return False
+        # The answer stays here unless the server's environment declared it needs it at reset;
+        # a server that says nothing (an older one) gets the whole task, as before.
+        wanted = self._ws.response.headers.get(GROUND_TRUTH_HEADER) if self._ws.response else None
+        self._ground_truth_sent = wanted in (None, "reset")
+        return True
+
+    def _wire_task(self, task: Task) -> dict[str, Any]:
+        """``task`` as sent at reset: without its answer unless the server asked for it."""
+        if self._ground_truth_sent:
+            return task_to_dict(task)
+        # the reference solution (SFT target) is an answer too
+        meta = {k: v for k, v in task.meta.items() if k not in _ANSWER_META}
+        out = task_to_dict(replace(task, ground_truth="", meta=meta))
+        del out["ground_truth"]
+        return out
+
     async def _request(self, msg: dict[str, Any], expect: str) -> dict[str, Any] | None:
         """The server's reply (op ``expect`` or ``error``), or ``None`` once the episode is lost."""
         if self.fatal_error is not None:

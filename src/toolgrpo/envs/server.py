@@ -17,11 +17,17 @@ Protocol (JSON text frames; every request gets exactly one reply, in order)::
     {"op": "snapshot"}                               -> {"op": "snapshot", "id": k}
     {"op": "restore", "id": k}  (id defaults to the latest snapshot) -> {"op": "restored", "id": k}
     {"op": "close"}                                  -> {"op": "closed"}, then the socket closes
+    {"op": "openings", "tasks": [task, ...], "timeout_s": s, "max_bytes": b}
+      -> {"op": "openings", "openings": [{"op": "start", "messages", "tools"}
+                                         | {"op": "error", "message"}, ...]}
     anything unusable -> {"op": "error", "message": "...", "request": op | null} (session lives on)
 
 The first ``reset`` builds the session's environment with the server's fixed options (a client
 cannot change them); a second ``reset`` on the same connection is refused. Snapshots stay on the
-server, the client holds only their ids. ``GET /health`` is open; when the server has a token,
+server, the client holds only their ids. ``openings`` (a trainer's startup prompt measurement)
+answers many tasks' openings in one session, each from an environment built, reset and closed on
+the server; its reply covers the request's first tasks, and the client asks again for the rest
+(``server_openings.py``). ``GET /health`` is open; when the server has a token,
 ``GET /info`` (else 401) and the ``/ws`` handshake (else 403) need ``Authorization: Bearer <tok>``
 (scheme name in any case). There is no ``/docs`` or ``/openapi.json``.
 
@@ -34,12 +40,12 @@ runs the reference solution beside the model's calls, gets it with the task).
 Limits on what one client can hold, and for how long (``serve``'s arguments): a connection must
 send its request headers within ``header_timeout_s`` (uvicorn has no such deadline), and past
 ``max_connections`` open sockets a new one gets HTTP 503 (``server_http.py``). A WebSocket session
-must start its episode (``reset``) within ``handshake_timeout_s`` of the upgrade (else code 1008);
-one idle for ``idle_timeout_s``, waiting for a frame or for its client to read a reply, is closed
-(code 1001); past ``max_sessions`` open sessions a new handshake is refused with HTTP 503. A frame
-that cannot be parsed (bad JSON, nested too deeply) gets an error reply like any bad request;
-one over 16 MiB closes the session with code 1009. Frames and ops: ``server_session.py``;
-startup input: ``server_setup.py``.
+must start its episode (``reset``, or a first ``openings`` answered) within
+``handshake_timeout_s`` of the upgrade (else code 1008); one idle for ``idle_timeout_s``, waiting
+for a frame or for its client to read a reply, is closed (code 1001); past ``max_sessions`` open
+sessions a new handshake is refused with HTTP 503. A frame that cannot be parsed (bad JSON, nested
+too deeply) gets an error reply like any bad request; one over 16 MiB closes the session with
+code 1009. Frames and ops: ``server_session.py``; startup input: ``server_setup.py``.
 """
 
 from __future__ import annotations
@@ -74,7 +80,7 @@ from toolgrpo.envs.wire import GROUND_TRUTH_HEADER, is_loopback
 
 log = logging.getLogger(__name__)
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: the openings op
 HANDSHAKE_TIMEOUT_S = 30.0
 _Session = Session  # the names this module had before its split
 _error = error_frame
@@ -168,9 +174,9 @@ def create_app(
         opened = time.monotonic()
 
         def budget() -> float:
-            """Until its episode starts a session holds a slot but no env: it has
-            handshake_timeout_s in all for that, not idle_timeout_s per frame."""
-            if session.env is None:
+            """Until its episode starts (or it is served openings) a session holds a slot but no
+            env: it has handshake_timeout_s in all for that, not idle_timeout_s per frame."""
+            if not session.started:
                 return max(handshake_timeout_s - (time.monotonic() - opened), 0.0)
             return idle_timeout_s
 
@@ -178,7 +184,7 @@ def create_app(
             try:
                 frame = await asyncio.wait_for(websocket.receive(), budget())
             except asyncio.TimeoutError:  # a client that went quiet holds no slot forever
-                if session.env is None:
+                if not session.started:
                     app.state.handshake_closed += 1
                     why = f"no episode started within {handshake_timeout_s:g}s"
                     await _close(websocket, 1008, why)

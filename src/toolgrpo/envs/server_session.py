@@ -14,6 +14,7 @@ from typing import Any
 from toolgrpo.data.task import Task
 from toolgrpo.envs.base import Env
 from toolgrpo.envs.registry import get_env_factory
+from toolgrpo.envs.server_openings import openings_reply
 from toolgrpo.envs.wire import (
     WireError,
     call_from_dict,
@@ -71,8 +72,10 @@ class Session:
         self.env: Env | None = None
         self.task: Task | None = None  # what the env was built with (answer filled in at reward)
         self.snapshots: dict[int, Any] = {}
+        self.openings_served = 0  # ``openings`` requests answered (a measuring session)
         self._ops = {
             "reset": self._reset,
+            "openings": self._openings,
             "step": self._step,
             "next_user": self._next_user,
             "reward": self._reward,
@@ -93,7 +96,7 @@ class Session:
         handler = self._ops.get(op)
         if handler is None:
             return error_frame(f"unknown op {op!r}; known: close, {', '.join(self._ops)}", op)
-        if op != "reset" and self.env is None:
+        if op not in ("reset", "openings") and self.env is None:
             return error_frame("no episode yet: send reset first", op)
         try:
             return await handler(msg)
@@ -102,6 +105,19 @@ class Session:
         except Exception as e:  # an env bug must not take the server (or other sessions) down
             log.exception("%s env failed on %s", self.env_type, op)
             return error_frame(f"{op} failed: {type(e).__name__}: {e}", op)
+
+    @property
+    def started(self) -> bool:
+        """An episode was reset, or openings were served: past the handshake's deadline."""
+        return self.env is not None or self.openings_served > 0
+
+    async def _openings(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """Openings of many tasks, each from an environment of its own built, reset and closed
+        here (``server_openings.py``); this session's episode, if any, is not touched."""
+        factory = get_env_factory(self.env_type)
+        reply = await openings_reply(lambda task: factory(task, self.options), msg)
+        self.openings_served += 1
+        return reply
 
     async def _reset(self, msg: dict[str, Any]) -> dict[str, Any]:
         if self.env is not None:

@@ -70,21 +70,32 @@ def opening_length(
 
 async def _env_start(
     envs: EnvRouter, task: Task, sem: asyncio.Semaphore, others: Sequence[Task] = ()
-) -> list[EnvStart | None]:
-    """The environment's opening for ``task`` and, where the environment can derive them
-    (``Env.opening_for``), for ``others`` of the same task type; ``None`` where it cannot open
-    (that failure is reported when the episode is played, not here), and for ``others`` it
-    cannot derive (the caller resets their own). The environment is always closed."""
+) -> tuple[list[EnvStart | None], bool]:
+    """The environment's opening for ``task`` and for ``others`` of the same task type, and
+    whether those are final. With ``others``, an environment that tells openings in one batch
+    (``Env.openings_for``: remote ones) is asked for all of them (final: ``None`` where a task
+    cannot open); else ``task``'s is reset and the others' derived where the environment can
+    (``Env.opening_for``), ``None`` for those it cannot (the caller resets their own). ``None``
+    where it cannot open: that failure is reported when the episode is played, not here. The
+    environment is always closed."""
+    group = [task, *others]
     async with sem:
         env = None
         try:
             env = envs.make(task)
+            if others:
+                # A batch may take what resetting its tasks one by one could, at most.
+                limit = _MEASURE_TIMEOUT_S * (1 + len(group) / _MEASURE_CONCURRENCY)
+                got = await bounded(env.openings_for, (group,), limit, "openings_for")
+                if got is not None:
+                    ok = isinstance(got, list) and len(got) == len(group)
+                    return (list(got) if ok else [None] * len(group)), True
             start = await bounded(env.reset, (), _MEASURE_TIMEOUT_S, "reset")
             if env.fatal_error:
-                return [None] * (1 + len(others))
-            return [start, *(env.opening_for(t, start) for t in others)]
+                return [None] * len(group), False
+            return [start, *(env.opening_for(t, start) for t in others)], False
         except Exception:  # a hung reset too (TimeoutError)
-            return [None] * (1 + len(others))
+            return [None] * len(group), False
         finally:
             if env is not None:
                 try:
@@ -95,9 +106,10 @@ async def _env_start(
 
 async def _env_starts(envs: EnvRouter, tasks: Sequence[Task]) -> list[EnvStart | None]:
     """One environment reset per task type: the other tasks' openings are derived from it where
-    the environment can (servers: same system prompt and tools), else each task's own is reset
-    (in-process environments, whose reset costs nothing). A type whose first environment cannot
-    open is left unmeasured."""
+    the environment can (servers: same system prompt and tools), or all asked in one batch where
+    it can (remote ones: one session for the type), else each task's own is reset (in-process
+    environments, whose reset costs nothing). A type whose first environment cannot open is left
+    unmeasured; so is a task its batch could not open."""
     sem = asyncio.Semaphore(_MEASURE_CONCURRENCY)
     by_type: dict[str, list[int]] = {}
     for i, t in enumerate(tasks):
@@ -110,15 +122,15 @@ async def _env_starts(envs: EnvRouter, tasks: Sequence[Task]) -> list[EnvStart |
     )
     out: list[EnvStart | None] = [None] * len(tasks)
     rest: list[int] = []
-    for ix, got in zip(by_type.values(), samples, strict=True):
-        if got[0] is None:
+    for ix, (got, final) in zip(by_type.values(), samples, strict=True):
+        if got[0] is None and not final:
             continue
         for i, start in zip(ix, got, strict=True):
             out[i] = start
-            if start is None:
+            if start is None and not final:
                 rest.append(i)
     own = await asyncio.gather(*(_env_start(envs, tasks[i], sem) for i in rest))
-    for i, (start,) in zip(rest, own, strict=True):
+    for i, ((start,), _) in zip(rest, own, strict=True):
         out[i] = start
     return out
 
@@ -193,7 +205,8 @@ def filter_overlong(
     """Tasks whose opening prompt fits ``max_length`` (verl's ``filter_overlong_prompts``),
     measured on what the model sees: with ``envs`` (multi-turn), the environment's own opening
     (its system prompt and tool specs, from a reset that is closed at once: one per task type
-    where the environment derives the others, ``Env.opening_for``); with
+    where the environment derives the others, ``Env.opening_for``, or one batch per task type
+    where it tells them all, ``Env.openings_for``); with
     ``conditions`` (the router's routes), the longest route's rewrite. A task whose environment
     cannot open is kept: it fails as an environment error when played."""
     kept: list[Task] = []
