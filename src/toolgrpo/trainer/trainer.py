@@ -23,6 +23,7 @@ from toolgrpo.config.validate import validate_train_config
 from toolgrpo.data.loader import load_tasks
 from toolgrpo.data.task import Task
 from toolgrpo.distributed.fsdp import start_ranks
+from toolgrpo.distributed.rank_failure import from_rank0
 from toolgrpo.distributed.rollout_share import RolloutShare
 from toolgrpo.distributed.sharded_load import start_policy
 from toolgrpo.envs.plugins import load_run_plugins
@@ -248,12 +249,12 @@ class Trainer:
             if everyone:  # every rank plays its share of rank 0's tasks; rank 0 collates
                 tasks = self.ranks.broadcast([self.tasks[i] for i in indices] if main else None)
                 got = self.rollouts.produce(step, tasks, self.generator, self.step)
-            else:
-                got = self.produce(step, indices, self.generator) if main else None
-            rolled = self.ranks.broadcast(got)
+                rolled = self.ranks.broadcast(got)
+            else:  # rank 0 samples alone; its failure ends every rank (rank_failure.py)
+                rolled = from_rank0(self.ranks, step, self.produce, step, indices, self.generator)
         else:
             self.sampler.next_batch()  # keep the checkpointed position in step with training
-            rolled = self.ranks.broadcast(take_batch(producer) if producer is not None else None)
+            rolled = from_rank0(self.ranks, step, take_batch, producer)
         batch, timing = rolled.batch, dict(rolled.timing)
         if batch is None:  # every episode failed in its environment
             return skipped_step(step, rolled, producer)
