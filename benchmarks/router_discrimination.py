@@ -246,7 +246,9 @@ def main(argv: list[str]) -> None:
     from router_budget import BASE
 
     tasks = held_out(args.work / "val.jsonl", args.per_type)
-    result: dict[str, Any] = {"held_out": {t: sum(x.task_type == t for x in tasks) for t in TYPES}}
+    result = previous(args) if args.runs != list(RUNS) else {}  # one run keeps the other's
+    result["held_out"] = {t: sum(x.task_type == t for x in tasks) for t in TYPES}
+    result["work"] = _rel(args.work)
     result["probe_warm_start"] = probe([*BASE, *MIX, *args.extra], tasks, None)
     if not args.probe_only:
         from toolgrpo.envs.arith_mixed import needs_tool
@@ -263,6 +265,22 @@ def main(argv: list[str]) -> None:
             )
             write(result, args)  # each finished run lands before the next one starts
     write(result, args)
+
+
+def previous(args: argparse.Namespace) -> dict[str, Any]:
+    """What ``router_discrimination.json`` holds already (a run of the same work directory
+    only), so that ``--runs`` one run does not drop the other's result."""
+    out = args.results / "router_discrimination.json"
+    try:
+        got = json.loads(out.read_text())
+    except (OSError, ValueError):
+        return {}
+    same = got.get("work") == _rel(args.work) and not args.probe_only
+    return {k: v for k, v in got.items() if k in RUNS} if same else {}
+
+
+def _rel(path: Path) -> str:
+    return os.path.relpath(path.resolve(), ROOT)
 
 
 def write(result: dict[str, Any], args: argparse.Namespace) -> None:

@@ -11,7 +11,12 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from router_discrimination import discrimination, fixed_mix, route_shares  # noqa: E402
+from router_discrimination import (  # noqa: E402
+    discrimination,
+    fixed_mix,
+    previous,
+    route_shares,
+)
 
 
 def _row(kind, p_answer, reward_answer, reward_tool):
@@ -56,3 +61,20 @@ def test_route_shares_average_the_probabilities_per_type_and_overall():
     shares = route_shares([_row("a", 0.2, 0, 0), _row("a", 0.4, 0, 0), _row("b", 1.0, 0, 0)])
     assert shares["a"]["ANSWER"] == pytest.approx(0.3)
     assert shares["all"]["ANSWER"] == pytest.approx(1.6 / 3)
+
+
+def test_one_run_keeps_the_other_runs_result_of_the_same_work_directory(tmp_path):
+    import argparse
+    import json
+
+    work = tmp_path / "work"
+    (tmp_path / "router_discrimination.json").write_text(
+        json.dumps({"work": str(Path("..") / "x"), "B=0.3": {"tasks": 1}, "held_out": {}})
+    )
+    args = argparse.Namespace(results=tmp_path, work=work, probe_only=False)
+    assert previous(args) == {}  # another work directory: nothing carried over
+    rel = __import__("os").path.relpath(work.resolve(), REPO)
+    (tmp_path / "router_discrimination.json").write_text(
+        json.dumps({"work": rel, "B=0.3": {"tasks": 1}, "held_out": {"calculator": 34}})
+    )
+    assert previous(args) == {"B=0.3": {"tasks": 1}}
