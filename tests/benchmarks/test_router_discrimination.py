@@ -3,6 +3,9 @@ cost, the paired gain over it, route shares and the AUROC, on hand-made per-task
 
 from __future__ import annotations
 
+import argparse
+import json
+import os
 import sys
 from pathlib import Path
 
@@ -64,16 +67,13 @@ def test_route_shares_average_the_probabilities_per_type_and_overall():
 
 
 def test_one_run_keeps_the_other_runs_result_of_the_same_work_directory(tmp_path):
-    import argparse
-    import json
-
     work = tmp_path / "work"
     (tmp_path / "router_discrimination.json").write_text(
         json.dumps({"work": str(Path("..") / "x"), "B=0.3": {"tasks": 1}, "held_out": {}})
     )
     args = argparse.Namespace(results=tmp_path, work=work, probe_only=False)
     assert previous(args) == {}  # another work directory: nothing carried over
-    rel = __import__("os").path.relpath(work.resolve(), REPO)
+    rel = os.path.relpath(work.resolve(), REPO)
     (tmp_path / "router_discrimination.json").write_text(
         json.dumps({"work": rel, "B=0.3": {"tasks": 1}, "held_out": {"calculator": 34}})
     )
