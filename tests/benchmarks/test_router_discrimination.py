@@ -17,7 +17,9 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 from router_discrimination import (  # noqa: E402
     discrimination,
     fixed_mix,
+    per_type_optimum,
     previous,
+    route_share_by_need,
     route_shares,
 )
 
@@ -64,6 +66,53 @@ def test_route_shares_average_the_probabilities_per_type_and_overall():
     shares = route_shares([_row("a", 0.2, 0, 0), _row("a", 0.4, 0, 0), _row("b", 1.0, 0, 0)])
     assert shares["a"]["ANSWER"] == pytest.approx(0.3)
     assert shares["all"]["ANSWER"] == pytest.approx(1.6 / 3)
+
+
+def _three(kind, rewards, probs=(1.0, 0.0, 0.0)):
+    """A task with all three routes; a tool route's call costs 1."""
+    routes = ("ANSWER", "SEARCH", "CALCULATE")
+    return {
+        "task_id": kind,
+        "task_type": kind,
+        "probs": dict(zip(routes, probs, strict=True)),
+        "reward": dict(zip(routes, rewards, strict=True)),
+        "cost": dict(zip(routes, (0.0, 1.0, 1.0), strict=True)),
+    }
+
+
+def test_the_per_type_optimum_spends_on_the_largest_gain_per_call_first():
+    # gains per call: lookup +0.54, math +0.53, chat +0.21 (its SEARCH is dominated)
+    rows = [
+        _three("lookup", (0.0, 0.54, 0.0)),
+        _three("math", (0.32, 0.29, 0.85)),
+        _three("chat", (0.38, 0.18, 0.59)),
+        _three("lookup", (0.0, 0.54, 0.0)),
+    ]
+    best = per_type_optimum(rows, 0.6)  # lookup (half the tasks) in full, then 0.1 of math
+    assert best["cost"] == pytest.approx(0.6)
+    assert best["reward"] == pytest.approx((0.54 * 2 + 0.32 + 0.38) / 4 + 0.1 * 0.53)
+    assert best["q"]["lookup"]["SEARCH"] == pytest.approx(1.0)
+    assert best["q"]["math"] == pytest.approx({"ANSWER": 0.6, "SEARCH": 0.0, "CALCULATE": 0.4})
+    assert best["q"]["chat"]["ANSWER"] == 1.0
+    # more budget than every gain can use: the tools that pay, and no more
+    rich = per_type_optimum(rows, 1.0)
+    assert rich["cost"] == pytest.approx(1.0)
+    assert rich["reward"] == pytest.approx((0.54 * 2 + 0.85 + 0.59) / 4)
+    # no budget: everyone answers
+    assert per_type_optimum(rows, 0.0)["reward"] == pytest.approx((0.32 + 0.38) / 4)
+
+
+def test_route_shares_split_by_need_over_all_and_within_a_mixed_type():
+    rows = [
+        _three("arith", (0, 0, 1), (0.2, 0.0, 0.8)),
+        _three("arith", (1, 0, 1), (0.6, 0.0, 0.4)),
+        _three("chat", (1, 0, 1), (1.0, 0.0, 0.0)),
+    ]
+    got = route_share_by_need(rows, [True, False, False])
+    assert got["all"]["needs_tool"]["ANSWER"] == pytest.approx(0.2)
+    assert got["all"]["no_tool"]["ANSWER"] == pytest.approx(0.8)
+    assert got["arith"]["no_tool"]["CALCULATE"] == pytest.approx(0.4)
+    assert "chat" not in got  # one kind only: the overall split says it
 
 
 def test_one_run_keeps_the_other_runs_result_of_the_same_work_directory(tmp_path):
