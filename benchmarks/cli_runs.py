@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -18,3 +19,26 @@ def toolgrpo(*args: str, log: Path) -> None:
         rc = subprocess.run(cmd, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT).returncode
     if rc != 0:
         raise SystemExit(f"failed (rc {rc}): {' '.join(args)}; see {log}")
+
+
+def run_timed(cmd: list[str], log: Path) -> float:
+    """Run one command, its output to ``log`` (overwritten); its wall time. A failure stops the
+    benchmark with the log's last 20 lines."""
+    t0 = time.time()
+    with log.open("w") as fh:
+        rc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, check=False).returncode
+    if rc != 0:
+        tail = "\n".join(log.read_text().splitlines()[-20:])
+        raise SystemExit(f"{' '.join(cmd)} failed (exit {rc}):\n{tail}")
+    return time.time() - t0
+
+
+def cpu_flags() -> list[str]:
+    """The CPU features that decide torch's speed here (AVX2 vs AVX512 / native bf16 / AMX)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return []
+    line = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
+    words = set(line.split(":", 1)[-1].split())
+    return [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in words]

@@ -7,7 +7,9 @@ changed; the task order follows the seed), then the final checkpoint is scored w
 test tasks (single-turn, another format: the forgetting check), each paired by task with the
 warm start. Finished pieces are reused, so an interrupted run resumes where it stopped; one
 ``--work`` holds one setting (its overrides are kept in ``overrides.json``, the config's hash in
-``config.sha256``, both checked).
+``config.sha256``, both checked). Each eval (without its episodes' text) and those two files are
+also kept in git, in ``benchmarks/results/<out>_kept/``: a later checkout reuses a kept seed
+without training or evaluating it again, and ``--report`` works from the kept copies alone.
 
     python benchmarks/main_job_seeds.py --seeds 0 1 2            # ~35 min a seed on 2 cores
     python benchmarks/main_job_seeds.py --seeds 0 1 2 --report   # only re-read what is there
@@ -34,6 +36,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cli_runs import toolgrpo  # noqa: E402
+from kept import finder, keep_evals, kept_dir, pin  # noqa: E402
 
 from toolgrpo.eval.paired import load_outcomes, load_single_turn, paired, paired_values  # noqa: E402
 
@@ -47,15 +50,27 @@ def final_checkpoint(run: Path) -> Path | None:
     return ck if (ck / "trainer_state.json").is_file() else None
 
 
-def evaluate(work: Path, name: str, checkpoint: Path | None, log: Path) -> tuple[Path, Path]:
-    """Held-out env eval (300 tasks, every episode kept) and RLLA test eval (80 tasks)."""
-    env, rlla = work / f"eval_env_{name}.json", work / f"eval_rlla_{name}.json"
+def eval_names(name: str) -> tuple[str, str]:
+    """The held-out env eval and the RLLA eval of ``warmstart`` or ``seed_<s>``."""
+    return f"eval_env_{name}.json", f"eval_rlla_{name}.json"
+
+
+def evaluated(work: Path, kept: Path | None, name: str) -> bool:
+    """Both evals of ``name`` are there, in the work directory or kept."""
+    at = finder(work, kept)
+    return all(at(n) is not None for n in eval_names(name))
+
+
+def evaluate(work: Path, kept: Path, name: str, checkpoint: Path | None, log: Path) -> None:
+    """Held-out env eval (300 tasks, every episode kept) and RLLA test eval (80 tasks), each
+    run unless found in ``work`` or ``kept``, and kept."""
     ck = ["--checkpoint", str(checkpoint)] if checkpoint else []
-    if not env.is_file():
-        toolgrpo("eval", *ck, "--samples", "100", "--output", str(env), str(CONFIG), log=log)
-    if not rlla.is_file():
-        toolgrpo("eval", *ck, "--samples", "80", "--output", str(rlla), str(RLLA_CONFIG), log=log)
-    return env, rlla
+    env, rlla = eval_names(name)
+    for rel, samples, config in ((env, "100", CONFIG), (rlla, "80", RLLA_CONFIG)):
+        if finder(work, kept)(rel) is None:
+            out = str(work / rel)
+            toolgrpo("eval", *ck, "--samples", samples, "--output", out, str(config), log=log)
+    keep_evals(work, kept, (env, rlla))
 
 
 def run_seed(work: Path, seed: int, extra: list[str], log: Path) -> Path:
@@ -97,14 +112,18 @@ def machine() -> dict:
     }
 
 
-def summarize(work: Path, seeds: list[int]) -> dict:
-    base_env, base_rlla = work / "eval_env_warmstart.json", work / "eval_rlla_warmstart.json"
+def summarize(work: Path, seeds: list[int], kept: Path | None = None) -> dict:
+    """The result from the evals in ``work``, or kept in ``kept`` (seeds without both evals
+    left out)."""
+    at = finder(work, kept)
+    base_env, base_rlla = (at(n) for n in eval_names("warmstart"))
+    assert base_env and base_rlla, f"{work} (and {kept}) hold no warm-start evals"
     before = load_outcomes(base_env)
     rlla_before = load_single_turn(base_rlla)
     rows, per_task = [], {}
     for s in seeds:
-        env, rlla = work / f"eval_env_seed_{s}.json", work / f"eval_rlla_seed_{s}.json"
-        if not (env.is_file() and rlla.is_file()):
+        env, rlla = (at(n) for n in eval_names(f"seed_{s}"))
+        if env is None or rlla is None:
             continue
         after = load_outcomes(env)
         p = paired(before, after, "accuracy")
@@ -130,10 +149,10 @@ def summarize(work: Path, seeds: list[int]) -> dict:
         )
         for t in before.keys() & after.keys():
             per_task.setdefault(t, []).append(after[t].success - before[t].success)
-    extra = work / "overrides.json"  # what every training run of this --work added
+    extra = at("overrides.json")  # what every training run of this --work added
     out: dict = {
         "config": str(CONFIG.relative_to(ROOT)),
-        "overrides": json.loads(extra.read_text()) if extra.is_file() else [],
+        "overrides": json.loads(extra.read_text()) if extra else [],
         "steps": STEPS,
         "seeds": rows,
     }
@@ -199,31 +218,25 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--report", action="store_true", help="summarize what is there; run nothing")
     ap.add_argument("overrides", nargs="*", help="key=value for every training run (not evals)")
     args = ap.parse_args(argv)
-    work = args.work
+    work, kept = args.work, kept_dir(args.out)
     work.mkdir(parents=True, exist_ok=True)
     log = work / "log.txt"
-    extra = work / "overrides.json"
     if not args.report:
-        if extra.is_file() and json.loads(extra.read_text()) != args.overrides:
-            raise SystemExit(
-                f"{work} holds runs with other overrides ({extra}): use another --work"
-            )
-        # The config file itself can change between invocations (a new default): its hash is
-        # kept beside the overrides, and runs of another config are not reused.
-        sha = work / "config.sha256"
+        # The overrides, and the config file itself (it can change between invocations: a new
+        # default) by its hash: runs (and kept evals) of another setting are not reused.
         digest = hashlib.sha256(CONFIG.read_bytes()).hexdigest()
-        if sha.is_file() and sha.read_text().strip() != digest:
-            raise SystemExit(
-                f"{work} holds runs of another {CONFIG.name} ({sha}): use another --work"
-            )
-        extra.write_text(json.dumps(args.overrides))
-        sha.write_text(digest + "\n")
-        evaluate(work, "warmstart", None, log)
+        pin(
+            [work, kept],
+            {"overrides.json": json.dumps(args.overrides), "config.sha256": digest + "\n"},
+        )
+        evaluate(work, kept, "warmstart", None, log)
         for s in args.seeds:
-            ck = run_seed(work, s, args.overrides, log)
-            evaluate(work, f"seed_{s}", ck, log)
-            write(summarize(work, args.seeds), args.out)  # each seed's result as it lands
-    write(summarize(work, args.seeds), args.out)
+            if not evaluated(work, kept, f"seed_{s}"):  # a kept seed is done
+                ck = run_seed(work, s, args.overrides, log)
+                evaluate(work, kept, f"seed_{s}", ck, log)
+            keep_evals(work, kept, eval_names(f"seed_{s}"))  # evals of an earlier session too
+            write(summarize(work, args.seeds, kept), args.out)  # each seed's result as it lands
+    write(summarize(work, args.seeds, kept), args.out)
 
 
 def write(result: dict, out: Path) -> None:

@@ -45,7 +45,8 @@ from rich.table import Table  # noqa: E402
 from toolgrpo.eval.paired import format_rows, load_outcomes, paired  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from negatives import _run, cpu_flags  # noqa: E402  (run a logged command; the CPU's flags)
+from cli_runs import cpu_flags  # noqa: E402
+from cli_runs import run_timed as _run  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "configs" / "agent_smollm2_grpo.yaml"

@@ -21,7 +21,12 @@ Every arm draws the same number of actor samples (steps × 8 × 4):
 
 Each final checkpoint is scored by ``toolgrpo eval`` (300 tasks, every episode kept) and paired
 by task with ``actor_only`` of the same seed (toolgrpo.eval.paired). Finished runs, SFT outputs
-and evals in ``--work`` are reused, so an interrupted benchmark resumes where it stopped.
+and evals in ``--work`` are reused, so an interrupted benchmark resumes where it stopped. What the
+summary and the SFT arm need is also kept in git, in ``benchmarks/results/<out>_kept/``: each eval
+(without its episodes' text), each finished run's step metrics, the SFT result, and the fixed
+policy's successes of every ``mixed_shaped`` run with its fixed-sample count, all under their
+``--work`` names; a later checkout reuses a kept (arm, seed) without training or evaluating it,
+and ``--report`` works from the kept copies alone.
 
     python benchmarks/mixture_teacher.py --seeds 0 1            # all arms (hours on 2 cores)
     python benchmarks/mixture_teacher.py --seeds 0 1 --report   # only re-read what is there
@@ -48,6 +53,7 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from cli_runs import toolgrpo  # noqa: E402
+from kept import finder, keep_evals, keep_file, kept_dir, pin, write_atomic  # noqa: E402
 from main_job_seeds import machine  # noqa: E402
 
 from toolgrpo.eval.episodes import success_threshold  # noqa: E402
@@ -61,6 +67,14 @@ ARMS = ("actor_only", "design_is", "mixed_shaped", "sft_teacher")
 STEPS = 16
 SFT_BATCH = 8
 REFERENCES = {"actor_start": ACTOR, "teacher": TEACHER}
+RL_ARMS = ARMS[:3]
+# The metrics.jsonl keys ``step_means`` reads: all a run keeps of its metrics.
+METRIC_KEYS = (
+    "reward/groups_all_equal_frac",
+    "batch/size",
+    "rollout/using_actor",
+    "rollout/using_fixed",
+)
 
 
 def steps_of(arm: str, steps: int) -> int:
@@ -132,11 +146,10 @@ def teacher_rows(dump_dir: Path) -> tuple[list[dict[str, Any]], int]:
     return rows, fixed
 
 
-def step_means(run: Path) -> dict[str, float | None]:
-    """Over a run's training steps: the share of groups with non-zero advantage, and the actor's
-    and fixed policies' samples (summed)."""
-    path = run / "metrics.jsonl"
-    recs = [json.loads(x) for x in path.read_text().splitlines()] if path.is_file() else []
+def step_means(path: Path | None) -> dict[str, float | None]:
+    """Over a run's training steps (its ``metrics.jsonl``, None: none): the share of groups
+    with non-zero advantage, and the actor's and fixed policies' samples (summed)."""
+    recs = [json.loads(x) for x in path.read_text().splitlines()] if path else []
     recs = [r for r in recs if "reward/groups_all_equal_frac" in r]
     if not recs:
         return {"nonzero_adv_group_frac": None, "actor_samples": None, "fixed_samples": None}
@@ -159,14 +172,17 @@ def _pooled(per_task: dict[str, list[float]], per_seed: list[float], n: int) -> 
     return 100 * m, 100 * math.hypot(se_tasks, se_seeds)
 
 
-def summarize(work: Path, seeds: list[int]) -> dict[str, Any]:
-    """The JSON result from whatever evals and runs ``work`` holds (missing seeds left out)."""
-    evals = {
-        (arm, s): load_outcomes(work / f"eval_{arm}_seed{s}.json")
-        for arm in ARMS
-        for s in seeds
-        if (work / f"eval_{arm}_seed{s}.json").is_file()
-    }
+def eval_name(name: str) -> str:
+    """The eval of a reference or of ``<arm>_seed<s>``."""
+    return f"eval_{name}.json"
+
+
+def summarize(work: Path, seeds: list[int], kept: Path | None = None) -> dict[str, Any]:
+    """The JSON result from whatever evals and runs ``work`` holds, or ``kept`` keeps (missing
+    seeds left out)."""
+    at = finder(work, kept)
+    found = {(arm, s): at(eval_name(f"{arm}_seed{s}")) for arm in ARMS for s in seeds}
+    evals = {k: load_outcomes(path) for k, path in found.items() if path}
     arms = []
     for arm in ARMS:
         done = [s for s in seeds if (arm, s) in evals]
@@ -195,19 +211,19 @@ def summarize(work: Path, seeds: list[int]) -> dict[str, Any]:
         row: dict[str, Any] = {"arm": arm, "seeds": done, "accuracy": acc, "se": se}
         row |= {"gain_vs_actor_only": gain, "gain_se": gain_se, "paired_seeds": paired_seeds}
         if arm == "sft_teacher":
-            results = [work / f"{arm}_seed{s}" / "sft_result.json" for s in done]
-            ex = [json.loads(p.read_text()).get("examples") for p in results if p.is_file()]
+            results = [at(f"{arm}_seed{s}/sft_result.json") for s in done]
+            ex = [json.loads(p.read_text()).get("examples") for p in results if p]
             row |= {"nonzero_adv_group_frac": None, "sft_unique_examples": ex}
         else:
-            stats = [step_means(work / f"{arm}_seed{s}") for s in done]
+            stats = [step_means(at(f"{arm}_seed{s}/metrics.jsonl")) for s in done]
             for k in ("nonzero_adv_group_frac", "actor_samples", "fixed_samples"):
                 vals = [x[k] for x in stats if x[k] is not None]
                 row[k] = fmean(vals) if vals else None
         arms.append(row)
     refs = {}
     for name, model in REFERENCES.items():
-        path = work / f"eval_{name}.json"
-        if path.is_file():
+        path = at(eval_name(name))
+        if path:
             vals = [o.success for o in load_outcomes(path).values()]
             se = stdev(vals) / math.sqrt(len(vals)) if len(vals) > 1 else 0.0
             refs[name] = {"model": model, "accuracy": 100 * fmean(vals), "se": 100 * se}
@@ -224,36 +240,97 @@ def summarize(work: Path, seeds: list[int]) -> dict[str, Any]:
 # ---- running (subprocesses of the CLI; everything above is pure) ---------------------------------
 
 
-def train(work: Path, arm: str, seed: int, steps: int, log: Path) -> Path:
+def final_checkpoint(work: Path, arm: str, seed: int, steps: int) -> Path:
+    return work / f"{arm}_seed{seed}" / "checkpoints" / f"global_step_{steps_of(arm, steps)}"
+
+
+def teacher_names(seed: int) -> tuple[str, str]:
+    """The SFT data of a seed (the fixed policy's successes in its ``mixed_shaped`` run) and
+    their count file (``fixed_samples``: how many the run drew, ``successes``)."""
+    return f"teacher_seed{seed}.jsonl", f"teacher_seed{seed}_count.json"
+
+
+def keep_run(work: Path, kept: Path, arm: str, seed: int, steps: int) -> None:
+    """Keep what a finished RL run leaves the summary and the SFT arm: its step metrics and,
+    for ``mixed_shaped``, the teacher data (written from its dumps first)."""
     run = work / f"{arm}_seed{seed}"
-    ck = run / "checkpoints" / f"global_step_{steps_of(arm, steps)}"
+    if not (final_checkpoint(work, arm, seed, steps) / "trainer_state.json").is_file():
+        return
+    if (run / "metrics.jsonl").is_file():
+        keep_file(run / "metrics.jsonl", kept / run.name / "metrics.jsonl", METRIC_KEYS)
+    if arm != "mixed_shaped":
+        return
+    data, count = (work / n for n in teacher_names(seed))
+    if not (data.is_file() and count.is_file()) and (run / "rollout_data").is_dir():
+        rows, fixed = teacher_rows(run / "rollout_data")
+        write_atomic(data, "".join(json.dumps(r) + "\n" for r in rows))
+        write_atomic(count, json.dumps({"fixed_samples": fixed, "successes": len(rows)}) + "\n")
+    for path in (data, count):
+        if path.is_file():
+            keep_file(path, kept / path.name)
+
+
+def keep_all(work: Path, kept: Path, seeds: list[int], steps: int) -> None:
+    """Keep every finished piece of ``work`` (an earlier session's too) in ``kept``."""
+    names = [eval_name(n) for n in REFERENCES]
+    names += [eval_name(f"{arm}_seed{s}") for arm in ARMS for s in seeds]
+    keep_evals(work, kept, names)
+    for s in seeds:
+        for arm in RL_ARMS:
+            keep_run(work, kept, arm, s, steps)
+        result = f"sft_teacher_seed{s}/sft_result.json"
+        if (work / result).is_file():
+            keep_file(work / result, kept / result)
+
+
+def train(work: Path, kept: Path, arm: str, seed: int, steps: int, log: Path) -> Path:
+    run = work / f"{arm}_seed{seed}"
+    ck = final_checkpoint(work, arm, seed, steps)
     if not (ck / "trainer_state.json").is_file():  # resume=auto picks up a partial run
         dirs = [f"trainer.output_dir={run}", f"trainer.rollout_data_dir={run / 'rollout_data'}"]
         seed_ov = f"trainer.seed={seed}"
         toolgrpo("train", str(CONFIG), *arm_overrides(arm, steps), seed_ov, *dirs, log=log)
+    keep_run(work, kept, arm, seed, steps)
     return ck
 
 
-def sft(work: Path, seed: int, log: Path) -> Path:
+def teacher_data(work: Path, kept: Path, seed: int, steps: int, log: Path) -> tuple[Path, int]:
+    """The SFT data of a seed and how many fixed samples its ``mixed_shaped`` run drew: from the
+    work directory or kept, else from that run's dumps (trained first if need be)."""
+    at = finder(work, kept)
+    if None in (at(n) for n in teacher_names(seed)):
+        train(work, kept, "mixed_shaped", seed, steps, log)  # its dumps are the data
+    data, count = (at(n) for n in teacher_names(seed))
+    assert data and count, f"mixed_shaped seed {seed} left no rollout dumps to learn from"
+    c = json.loads(count.read_text())
+    if not c["successes"]:
+        raise SystemExit(f"mixed_shaped seed {seed}: the fixed policy succeeded nowhere")
+    print(f"sft_teacher seed {seed}: {c['successes']} successes of {c['fixed_samples']} fixed")
+    return data, c["fixed_samples"]
+
+
+def sft(work: Path, kept: Path, seed: int, steps: int, log: Path) -> Path:
     out = work / f"sft_teacher_seed{seed}"
     if not (out / "sft_result.json").is_file():
-        rows, fixed = teacher_rows(work / f"mixed_shaped_seed{seed}" / "rollout_data")
-        if not rows:
-            raise SystemExit(f"mixed_shaped seed {seed}: the fixed policy succeeded nowhere")
-        data = work / f"teacher_seed{seed}.jsonl"
-        data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-        print(f"sft_teacher seed {seed}: {len(rows)} successes of {fixed} fixed samples")
+        data, fixed = teacher_data(work, kept, seed, steps, log)
         toolgrpo("sft", str(SFT_CONFIG), *sft_overrides(data, fixed, out, seed), log=log)
+    keep_file(out / "sft_result.json", kept / out.name / "sft_result.json")
     return out / "adapter"
 
 
-def evaluate(work: Path, name: str, checkpoint: Path | None, log: Path, model: str = "") -> None:
-    out = work / f"eval_{name}.json"
-    if out.is_file():
-        return
-    ck = ["--checkpoint", str(checkpoint)] if checkpoint else []
-    extra = [f"actor_rollout_ref.model.path={model}"] if model else []
-    toolgrpo("eval", *ck, "--samples", "100", "--output", str(out), str(CONFIG), *extra, log=log)
+def evaluate(
+    work: Path, kept: Path, name: str, checkpoint: Path | None, log: Path, model: str = ""
+) -> None:
+    """``toolgrpo eval`` of a checkpoint (or ``model``) unless found in ``work`` or ``kept``;
+    kept."""
+    out = work / eval_name(name)
+    if finder(work, kept)(out.name) is None:
+        ck = ["--checkpoint", str(checkpoint)] if checkpoint else []
+        extra = [f"actor_rollout_ref.model.path={model}"] if model else []
+        toolgrpo(
+            "eval", *ck, "--samples", "100", "--output", str(out), str(CONFIG), *extra, log=log
+        )
+    keep_evals(work, kept, [out.name])
 
 
 def main(argv: list[str]) -> None:
@@ -265,22 +342,24 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/mixture_teacher.json")
     ap.add_argument("--report", action="store_true", help="summarize what is there; run nothing")
     args = ap.parse_args(argv)
-    work = args.work
+    work, kept = args.work, kept_dir(args.out)
     work.mkdir(parents=True, exist_ok=True)
     log = work / "log.txt"
     if not args.report:
+        pin([work, kept], {"setting.json": json.dumps({"steps": args.steps})})  # one --steps
+        keep_all(work, kept, args.seeds, args.steps)  # what an earlier session finished
         for name, model in REFERENCES.items():
-            evaluate(work, name, None, log, model)
+            evaluate(work, kept, name, None, log, model)
         for s in args.seeds:
             for arm in args.arms:
-                if arm == "sft_teacher":
-                    train(work, "mixed_shaped", s, args.steps, log)  # its dumps are the data
-                    ck = sft(work, s, log)
-                else:
-                    ck = train(work, arm, s, args.steps, log)
-                evaluate(work, f"{arm}_seed{s}", ck, log)
-                write(summarize(work, args.seeds), args.out)  # each result as it lands
-    write(summarize(work, args.seeds), args.out)
+                if finder(work, kept)(eval_name(f"{arm}_seed{s}")) is None:  # kept: done
+                    if arm == "sft_teacher":
+                        ck = sft(work, kept, s, args.steps, log)
+                    else:
+                        ck = train(work, kept, arm, s, args.steps, log)
+                    evaluate(work, kept, f"{arm}_seed{s}", ck, log)
+                write(summarize(work, args.seeds, kept), args.out)  # each result as it lands
+    write(summarize(work, args.seeds, kept), args.out)
 
 
 def _fmt(v: float | None, se: float | None = None) -> str:

@@ -9,7 +9,10 @@ and seed, ``toolgrpo train configs/agent_smollm2_grpo.yaml`` on calculator + sea
 types whose tools can fail), then ``toolgrpo eval`` of the final checkpoint on every held-out
 calculator and search task (200, greedy, no rollback), paired by task with ``no_rollback`` of
 the same seed (``toolgrpo.eval.paired``). Finished runs and evals are reused, so an interrupted
-run resumes where it stopped; one ``--work`` holds one setting (its overrides are checked).
+run resumes where it stopped; one ``--work`` holds one setting (its overrides are checked). Each
+eval (without its episodes' text), each finished run's training metrics and the setting are also
+kept in git, in ``benchmarks/results/<out>_kept/``: a later checkout reuses a kept (arm, seed)
+without training or evaluating it, and ``--report`` works from the kept copies alone.
 
     python benchmarks/negatives.py --seeds 0 1            # ~4 runs x 35 min a seed on 2 cores
     python benchmarks/negatives.py --seeds 0 1 --report   # only re-read what is there
@@ -37,6 +40,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cli_runs import toolgrpo  # noqa: E402
+from kept import finder, keep_evals, keep_file, kept_dir, pin  # noqa: E402
 
 from toolgrpo.eval.paired import load_outcomes, paired_values  # noqa: E402
 
@@ -70,8 +74,12 @@ def run_dir(work: Path, arm: str, seed: int) -> Path:
     return work / arm / f"seed_{seed}"
 
 
+def eval_name(arm: str, seed: int) -> str:
+    return f"eval_{arm}_seed_{seed}.json"
+
+
 def eval_path(work: Path, arm: str, seed: int) -> Path:
-    return work / f"eval_{arm}_seed_{seed}.json"
+    return work / eval_name(arm, seed)
 
 
 def final_checkpoint(run: Path, steps: int) -> Path | None:
@@ -177,10 +185,10 @@ def paired_pooled(base: Mapping[int, Values], arm: Mapping[int, Values]) -> dict
     }
 
 
-def training_summary(metrics_jsonl: Path) -> dict[str, float]:
+def training_summary(metrics_jsonl: Path | None) -> dict[str, float]:
     """Means over the training steps of the metrics that tell the arms apart (a key absent
     from every step, e.g. reward/repaired_mean without rollback, is left out)."""
-    if not metrics_jsonl.is_file():
+    if metrics_jsonl is None or not metrics_jsonl.is_file():
         return {}
     rows = [json.loads(line) for line in metrics_jsonl.read_text().splitlines() if line.strip()]
     rows = [r for r in rows if r.get("step", 0) > 0]
@@ -193,22 +201,37 @@ def training_summary(metrics_jsonl: Path) -> dict[str, float]:
     return out
 
 
-def summarize(work: Path, arms: list[str], seeds: list[int], steps: int = STEPS) -> dict:
-    """Every arm with at least one evaluated seed; differences against the baseline on the
-    seeds both have."""
+def metrics_name(arm: str, seed: int) -> str:
+    """A run's metrics.jsonl, relative to the work (and kept) directory."""
+    return f"{arm}/seed_{seed}/metrics.jsonl"
+
+
+def keep(work: Path, kept: Path, arms: list[str], seeds: list[int], steps: int) -> None:
+    """Keep every eval of ``work`` and the metrics of every finished run (only the keys
+    ``training_summary`` reads) in ``kept``."""
+    keep_evals(work, kept, [eval_name(arm, s) for arm in arms for s in seeds])
+    for arm in arms:
+        for s in seeds:
+            metrics = work / metrics_name(arm, s)
+            if final_checkpoint(run_dir(work, arm, s), steps) and metrics.is_file():
+                keep_file(metrics, kept / metrics_name(arm, s), TRAINING_KEYS)
+
+
+def summarize(
+    work: Path, arms: list[str], seeds: list[int], steps: int = STEPS, kept: Path | None = None
+) -> dict:
+    """Every arm with at least one evaluated seed (in ``work``, or kept in ``kept``);
+    differences against the baseline on the seeds both have."""
+    at = finder(work, kept)
+    found = {arm: {s: at(eval_name(arm, s)) for s in seeds} for arm in arms}
     evals = {
-        arm: {
-            s: read_eval(eval_path(work, arm, s))
-            for s in seeds
-            if eval_path(work, arm, s).is_file()
-        }
-        for arm in arms
+        arm: {s: read_eval(p) for s, p in by_seed.items() if p} for arm, by_seed in found.items()
     }
     evals = {arm: by_seed for arm, by_seed in evals.items() if by_seed}
-    extra = work / "overrides.json"
+    extra = at("overrides.json")
     out: dict[str, Any] = {
         "config": str(CONFIG.relative_to(ROOT)),
-        "overrides": json.loads(extra.read_text()) if extra.is_file() else [],
+        "overrides": json.loads(extra.read_text()) if extra else [],
         "steps": steps,
         "seeds": seeds,
         "task_types": list(TASK_TYPES),
@@ -226,9 +249,7 @@ def summarize(work: Path, arms: list[str], seeds: list[int], steps: int = STEPS)
             for m in ("accuracy", "tool_error_rate"):
                 p = pooled({s: measure(o, m, t) for s, o in by_seed.items()})
                 rec["by_type"].setdefault(t, {}).update({m: p["value"], f"{m}_se": p["se"]})
-        rec["training"] = {
-            str(s): training_summary(run_dir(work, arm, s) / "metrics.jsonl") for s in by_seed
-        }
+        rec["training"] = {str(s): training_summary(at(metrics_name(arm, s))) for s in by_seed}
         if arm != BASELINE and BASELINE in evals:
             base = evals[BASELINE]
             rec["vs_no_rollback"] = {
@@ -283,27 +304,24 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--report", action="store_true", help="summarize what is there; run nothing")
     ap.add_argument("overrides", nargs="*", help="key=value for every training run (not evals)")
     args = ap.parse_args(argv)
-    work = args.work
+    work, kept = args.work, kept_dir(args.out)
     work.mkdir(parents=True, exist_ok=True)
     log = work / "log.txt"
     if not args.report:
-        setting = {"overrides": args.overrides, "steps": args.steps}
-        saved = work / "setting.json"
-        if saved.is_file() and json.loads(saved.read_text()) != setting:
-            raise SystemExit(f"{work} holds runs of another setting ({saved}): use another --work")
-        saved.write_text(json.dumps(setting))
-        (work / "overrides.json").write_text(json.dumps(args.overrides))
+        setting = json.dumps({"overrides": args.overrides, "steps": args.steps})
+        pin([work, kept], {"setting.json": setting, "overrides.json": json.dumps(args.overrides)})
         for s in args.seeds:  # seed-major: each seed's comparison lands complete
             for arm in args.arms:
-                run = run_dir(work, arm, s)
-                if final_checkpoint(run, args.steps) is None:  # resume: auto picks up a partial run
-                    toolgrpo(*train_args(arm, s, run, args.steps, args.overrides), log=log)
-                ck = final_checkpoint(run, args.steps)
-                assert ck is not None, f"{run} has no step-{args.steps} checkpoint"
-                if not eval_path(work, arm, s).is_file():
+                if finder(work, kept)(eval_name(arm, s)) is None:  # kept: done
+                    run = run_dir(work, arm, s)
+                    if final_checkpoint(run, args.steps) is None:  # resume=auto: a partial run
+                        toolgrpo(*train_args(arm, s, run, args.steps, args.overrides), log=log)
+                    ck = final_checkpoint(run, args.steps)
+                    assert ck is not None, f"{run} has no step-{args.steps} checkpoint"
                     toolgrpo(*eval_args(ck, eval_path(work, arm, s)), log=log)
-                write(summarize(work, args.arms, args.seeds, args.steps), args.out)
-    write(summarize(work, args.arms, args.seeds, args.steps), args.out)
+                keep(work, kept, args.arms, args.seeds, args.steps)  # an earlier session's too
+                write(summarize(work, args.arms, args.seeds, args.steps, kept), args.out)
+    write(summarize(work, args.arms, args.seeds, args.steps, kept), args.out)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """benchmarks/main_job_seeds.py: per-seed paired gains and the pooled SE, on hand-made eval files
-shaped like ``toolgrpo eval``'s JSON (episodes for the held-out set, samples for RLLA)."""
+shaped like ``toolgrpo eval``'s JSON (episodes for the held-out set, samples for RLLA), and a
+checkout holding only the kept copies resuming (nothing re-run) with the same result."""
 
 from __future__ import annotations
 
@@ -9,29 +10,36 @@ import sys
 from pathlib import Path
 from statistics import fmean, stdev
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "benchmarks"))
 
+import main_job_seeds as mjs  # noqa: E402
 from main_job_seeds import summarize  # noqa: E402
 
 TYPES = ("calculator", "search")
 
 
-def _env(path: Path, solved: set[int], n: int = 20) -> None:
+def _env(path: Path, solved: set[int], n: int = 20, talk: bool = False) -> None:
     samples = [
         {
             "task_id": f"t{i}",
             "task_type": TYPES[i % 2],
             "reward": 1.0 if i in solved else 0.0,
-            "tool_errors": {},
+            "tool_errors": {"exception": 1} if talk and i % 3 == 0 else {},
         }
         for i in range(n)
     ]
+    for s in samples if talk else []:  # the conversation, as toolgrpo eval keeps it
+        s["messages"] = [{"role": "user", "content": "What is 2+3?"}]
     path.write_text(json.dumps({"num_episodes": n, "samples": samples}))
 
 
-def _rlla(path: Path, totals: list[float]) -> None:
+def _rlla(path: Path, totals: list[float], talk: bool = False) -> None:
     samples = [{"task_id": f"r{i}", "total": t} for i, t in enumerate(totals)]
+    for s in samples if talk else []:
+        s["response"] = "<tool_call>...</tool_call>"
     path.write_text(json.dumps({"num_tasks": len(totals), "samples": samples}))
 
 
@@ -62,3 +70,41 @@ def test_gains_are_paired_by_task_and_the_pooled_se_adds_both_sources(tmp_path):
     assert math.isclose(p["se_between_seeds"], se_seeds)
     assert math.isclose(p["se"], math.hypot(se_tasks, se_seeds))
     assert p["seeds"] == 2 and p["tasks"] == 20
+
+
+def _no_run(*args: str, log: Path) -> None:
+    raise AssertionError(f"ran toolgrpo {' '.join(args)}")
+
+
+def test_a_checkout_with_only_the_kept_copies_resumes_and_reports_the_same(tmp_path, monkeypatch):
+    monkeypatch.setattr(mjs, "toolgrpo", _no_run)  # every seed is done: nothing may run
+    monkeypatch.setattr(mjs, "plot", lambda result, path: None)
+    work, out = tmp_path / "work", tmp_path / "results" / "main_job_seeds"
+    work.mkdir()
+    _env(work / "eval_env_warmstart.json", {0, 1, 2, 3}, talk=True)
+    _env(work / "eval_env_seed_0.json", {0, 1, 2, 3, 4, 5}, talk=True)
+    _env(work / "eval_env_seed_1.json", {1, 2, 3, 8}, talk=True)
+    _rlla(work / "eval_rlla_warmstart.json", [0.0, 1.0, -1.0, 2.0], talk=True)
+    _rlla(work / "eval_rlla_seed_0.json", [0.0, 0.0, -1.0, 2.0], talk=True)
+    _rlla(work / "eval_rlla_seed_1.json", [1.0, 1.0, -1.0, 2.0], talk=True)
+    lr = "actor_rollout_ref.actor.optim.lr=5e-5"
+
+    def run(w: Path, *extra: str) -> dict:
+        mjs.main(["--seeds", "0", "1", "--work", str(w), "--out", str(out), *extra])
+        return json.loads(out.with_suffix(".json").read_text())
+
+    full = run(work, lr)  # the full work directory: keeps the copies
+    kept = tmp_path / "results" / "main_job_seeds_kept"
+    names = sorted(p.name for p in kept.iterdir())
+    assert names == sorted(["config.sha256", "overrides.json"] + [p.name for p in work.glob("e*")])
+    assert not any(("messages" in p.read_text() or "response" in p.read_text()) for p in
+                   kept.glob("*.json"))  # fmt: skip
+    assert [r["seed"] for r in full["seeds"]] == [0, 1] and full["overrides"] == [lr]
+    assert run(tmp_path / "fresh", lr) == full  # a fresh checkout: every seed reused
+    assert run(tmp_path / "fresh2", "--report") == full
+    assert mjs.summarize(tmp_path / "empty", [0, 1], kept) == mjs.summarize(work, [0, 1])
+    with pytest.raises(SystemExit, match="another setting"):  # kept runs of other overrides
+        run(tmp_path / "other", "actor_rollout_ref.actor.optim.lr=1e-4")
+    (kept / "config.sha256").write_text("0" * 64 + "\n")  # ... or of another config
+    with pytest.raises(SystemExit, match="another setting"):
+        run(tmp_path / "other2", lr)

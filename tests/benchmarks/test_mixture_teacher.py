@@ -160,3 +160,62 @@ def test_the_summary_pairs_each_arm_with_actor_only_by_task(tmp_path):
     json.dumps(out)  # the result file is plain JSON
     for key in ("arm", "seeds", "accuracy", "se", "gain_vs_actor_only", "gain_se"):
         assert all(key in a for a in out["arms"])
+
+
+def _no_run(*args: str, log: Path) -> None:
+    raise AssertionError(f"ran toolgrpo {' '.join(args)}")
+
+
+def _finished(run: Path, steps: int) -> None:
+    ck = run / "checkpoints" / f"global_step_{steps}"
+    ck.mkdir(parents=True)
+    (ck / "trainer_state.json").write_text("{}")
+
+
+def test_a_checkout_with_only_the_kept_copies_resumes_and_reports_the_same(tmp_path, monkeypatch):
+    monkeypatch.setattr(mt, "toolgrpo", _no_run)  # every (arm, seed) is done: nothing may run
+    w, out = tmp_path / "work", tmp_path / "results" / "mixture_teacher.json"
+    w.mkdir()
+    for name, solved in (("actor_only_seed0", set()), ("design_is_seed0", {1}),
+                         ("mixed_shaped_seed0", {0, 1, 2}), ("sft_teacher_seed0", {5}),
+                         ("teacher", set(range(8))), ("actor_start", set())):  # fmt: skip
+        _eval(w / f"eval_{name}.json", solved)
+        record = json.loads((w / f"eval_{name}.json").read_text())
+        for s in record["samples"]:
+            s["messages"] = [{"role": "user", "content": "What is 2+3?"}]
+        (w / f"eval_{name}.json").write_text(json.dumps(record))
+    _metrics(w / "actor_only_seed0", [1.0, 1.0])
+    _metrics(w / "design_is_seed0", [1.0, 0.5, 0.5, 0.5], using_actor=0.5)
+    _metrics(w / "mixed_shaped_seed0", [0.25, 0.75], using_actor=0.8)
+    for run, steps in (("actor_only_seed0", 2), ("design_is_seed0", 4), ("mixed_shaped_seed0", 2)):
+        _finished(w / run, steps)
+        with (w / run / "metrics.jsonl").open("a") as fh:  # a metric the summary never reads
+            fh.write(json.dumps({"step": 3, "timing/step_s": 80.0}) + "\n")
+    dumps = w / "mixed_shaped_seed0" / "rollout_data"
+    dumps.mkdir()
+    rows = [_dump_row(1, "actor", 1.0), _dump_row(1, "fixed", 1.0), _dump_row(2, "fixed", 0.0)]
+    (dumps / "1.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (w / "sft_teacher_seed0").mkdir()
+    (w / "sft_teacher_seed0" / "sft_result.json").write_text('{"examples": 1, "steps": 1}')
+
+    def run(work: Path, *extra: str) -> dict:
+        mt.main(["--seeds", "0", "--steps", "2", "--work", str(work), "--out", str(out), *extra])
+        result = json.loads(out.read_text())
+        assert len(result["arms"]) == 4 and len(result["references"]) == 2
+        return result
+
+    full = run(w)  # the full work directory: keeps the copies
+    kept = tmp_path / "results" / "mixture_teacher_kept"
+    assert (kept / "eval_teacher.json").is_file() and (kept / "setting.json").is_file()
+    assert not list(kept.rglob("rollout_data")) and not list(kept.rglob("checkpoints"))
+    assert "messages" not in (kept / "eval_sft_teacher_seed0.json").read_text()
+    assert "timing" not in (kept / "design_is_seed0" / "metrics.jsonl").read_text()
+    assert run(tmp_path / "fresh") == full  # a fresh checkout: every (arm, seed) reused
+    assert run(tmp_path / "fresh2", "--report") == full
+    assert mt.summarize(tmp_path / "empty", [0], kept) == mt.summarize(w, [0])
+    # SFT needs nothing but the kept teacher data: the very successes of the run's dumps
+    data, fixed = mt.teacher_data(tmp_path / "empty", kept, 0, 2, tmp_path / "log")
+    assert data.parent == kept and fixed == 2
+    assert [json.loads(x) for x in data.read_text().splitlines()] == mt.teacher_rows(dumps)[0]
+    with pytest.raises(SystemExit, match="another setting"):  # kept runs of other --steps
+        run(tmp_path / "other", "--steps", "3")

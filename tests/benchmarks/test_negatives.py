@@ -125,3 +125,53 @@ def test_training_summary_reads_the_metrics(tmp_path):
     assert t["reward/first_try_mean"] == pytest.approx(0.5)
     assert t["rollback/repaired_frac"] == pytest.approx(0.375)
     assert "reward/repaired_mean" not in t and bench.training_summary(tmp_path / "none") == {}
+
+
+def _no_run(*args: str, log: Path) -> None:
+    raise AssertionError(f"ran toolgrpo {' '.join(args)}")
+
+
+def test_a_checkout_with_only_the_kept_copies_resumes_and_reports_the_same(tmp_path, monkeypatch):
+    monkeypatch.setattr(bench, "toolgrpo", _no_run)  # every (arm, seed) is done: nothing may run
+    work, out = tmp_path / "work", tmp_path / "results" / "negatives.json"
+    work.mkdir()
+    for s in (0, 1):
+        _eval(work, "no_rollback", s, {0, 1, 2, 3 + s}, {0: 2, 1: 1})
+        _eval(work, "fission", s, {0, 1, 2, 5, 6 + s}, {0: 1})
+    for path in work.glob("eval_*.json"):
+        record = json.loads(path.read_text())
+        for x in record["samples"]:
+            x["messages"] = [{"role": "user", "content": "What is 2+3?"}]
+        path.write_text(json.dumps(record))
+        arm, s = path.stem.removeprefix("eval_").rsplit("_seed_", 1)
+        run = bench.run_dir(work, arm, int(s))
+        (run / "checkpoints" / "global_step_2").mkdir(parents=True)
+        (run / "checkpoints" / "global_step_2" / "trainer_state.json").write_text("{}")
+        rows = [{"step": 0, "reward/mean": 9.0}] + [
+            {"step": i, "reward/mean": i / 4 + int(s), "rollback/repaired_frac": 0.5,
+             "timing/step_s": 80.0}
+            for i in (1, 2)
+        ]  # fmt: skip
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    lr = "actor_rollout_ref.actor.optim.lr=5e-5"
+
+    def run_bench(w: Path, *extra: str) -> dict:
+        bench.main(["--seeds", "0", "1", "--arms", "no_rollback", "fission", "--steps", "2",
+                    "--work", str(w), "--out", str(out), *extra])  # fmt: skip
+        return json.loads(out.read_text())
+
+    full = run_bench(work, lr)  # the full work directory: keeps the copies
+    kept = tmp_path / "results" / "negatives_kept"
+    assert sorted(p.name for p in kept.glob("eval_*")) == sorted(
+        p.name for p in work.glob("eval_*")
+    )
+    assert not any("messages" in p.read_text() for p in kept.glob("eval_*"))
+    assert "timing" not in (kept / "fission" / "seed_1" / "metrics.jsonl").read_text()
+    assert full["arms"]["fission"]["training"]["1"]["reward/mean"] == pytest.approx(1.375)
+    assert full["overrides"] == [lr] and "vs_no_rollback" in full["arms"]["fission"]
+    assert run_bench(tmp_path / "fresh", lr) == full  # a fresh checkout: every run reused
+    assert run_bench(tmp_path / "fresh2", "--report") == full
+    args = (["no_rollback", "fission"], [0, 1], 2)
+    assert bench.summarize(tmp_path / "empty", *args, kept=kept) == bench.summarize(work, *args)
+    with pytest.raises(SystemExit, match="another setting"):  # kept runs of other overrides
+        run_bench(tmp_path / "other", "actor_rollout_ref.actor.optim.lr=1e-4")
