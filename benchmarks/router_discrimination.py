@@ -21,7 +21,9 @@ with ``toolgrpo eval`` on held-out tasks, every task under every route, and read
     python benchmarks/router_discrimination.py [--steps 60]       # hours on 2 cores; resumes
     python benchmarks/router_discrimination.py --runs unconstrained   # one of the two runs
 
-Writes ``benchmarks/results/router_discrimination.json`` (+ the probe table on stdout).
+Writes ``benchmarks/results/router_discrimination.json`` (+ the probe table on stdout), and keeps
+each run's routed eval, without its episodes' text, in ``router_discrimination_kept/``: a later
+checkout re-reads a kept run instead of training it again.
 """
 
 from __future__ import annotations
@@ -244,39 +246,36 @@ def probe(cfg_overrides: list[str], tasks: list[Any], checkpoint: str | None) ->
 
 
 def train_and_eval(name: str, budget: float, args: argparse.Namespace, work: Path) -> dict:
-    """One router run (``router_budget.run_one``, resumable) and its routed eval's table."""
+    """One router run (``router_budget.run_one``, resumable) and its routed eval's table. The
+    eval is kept in git without its episodes' text (``kept``); a kept eval counts as done, and
+    the run's checkpoint is then None when the work directory no longer holds it."""
+    from kept import find, keep_eval, kept_dir
     from router_budget import run_one
 
     run = work / name
-    overrides = [
-        *MIX,
-        f"trainer.total_training_steps={args.steps}",
-        f"trainer.test_freq={args.steps}",
-        f"trainer.seed={args.seed}",
-        f"data.val_files=[{work / 'val.jsonl'}]",
-        *args.extra,
-    ]
     final = run / "checkpoints" / f"global_step_{args.steps}"
-    if not (final / "trainer_state.json").is_file():
-        run_one(budget, "price", overrides, run)
     out = work / f"eval_{name}.json"
-    if not out.is_file():
-        cmd = [
-            sys.executable,
-            "-m",
-            "toolgrpo.cli",
-            "eval",
-            "--checkpoint",
-            str(final),
-            "--samples",
-            "0",
-            "--output",
-            str(out),
-            str(run / "config.yaml"),
+    kept = kept_dir(args.results / "router_discrimination.json") / out.name
+    found = find(out, kept)
+    if found is None:
+        overrides = [
+            *MIX,
+            f"trainer.total_training_steps={args.steps}",
+            f"trainer.test_freq={args.steps}",
+            f"trainer.seed={args.seed}",
+            f"data.val_files=[{work / 'val.jsonl'}]",
+            *args.extra,
         ]
+        if not (final / "trainer_state.json").is_file():
+            run_one(budget, "price", overrides, run)
+        cmd = [sys.executable, "-m", "toolgrpo.cli", "eval", "--checkpoint", str(final)]
+        cmd += ["--samples", "0", "--output", str(out), str(run / "config.yaml")]
         subprocess.run(cmd, cwd=ROOT, check=True)
-    record = json.loads(out.read_text())
-    return {"checkpoint": str(final), "rows": find_per_task(record)}
+        found = out
+    keep_eval(found, kept)
+    record = json.loads(found.read_text())
+    ck = str(final) if (final / "trainer_state.json").is_file() else None
+    return {"checkpoint": ck, "rows": find_per_task(record)}
 
 
 def find_per_task(record: Any) -> list[dict[str, Any]]:
@@ -304,7 +303,7 @@ def main(argv: list[str]) -> None:
     from router_budget import BASE
 
     tasks = held_out(args.work / "val.jsonl", args.per_type)
-    result = previous(args) if args.runs != list(RUNS) else {}  # one run keeps the other's
+    result = previous(args)  # a run not made now keeps its result; a kept run, its probe
     result["held_out"] = {t: sum(x.task_type == t for x in tasks) for t in TYPES}
     result["work"] = _rel(args.work)
     result["probe_warm_start"] = probe([*BASE, *MIX, *args.extra], tasks, None)
@@ -317,9 +316,12 @@ def main(argv: list[str]) -> None:
             got = train_and_eval(name, budget, args, args.work)
             by_id = {(t.task_type, t.task_id): t for t in tasks}
             need = [bool(needs_tool(by_id[(r["task_type"], r["task_id"])])) for r in got["rows"]]
+            before = result.get(name, {}).get("probe_accuracy")
             result[name] = discrimination(got["rows"], need)
-            result[name]["probe_accuracy"] = probe(
-                [*BASE, *MIX, *args.extra], tasks, got["checkpoint"]
+            result[name]["probe_accuracy"] = (
+                probe([*BASE, *MIX, *args.extra], tasks, got["checkpoint"])
+                if got["checkpoint"]
+                else before  # a kept eval of a run whose checkpoint is gone
             )
             write(result, args)  # each finished run lands before the next one starts
     write(result, args)

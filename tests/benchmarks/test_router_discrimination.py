@@ -127,3 +127,29 @@ def test_one_run_keeps_the_other_runs_result_of_the_same_work_directory(tmp_path
         json.dumps({"work": rel, "B=0.3": {"tasks": 1}, "held_out": {"calculator": 34}})
     )
     assert previous(args) == {"B=0.3": {"tasks": 1}}
+
+
+def test_a_kept_eval_is_read_instead_of_training_again(tmp_path, monkeypatch):
+    import router_budget
+    import router_discrimination as rd
+
+    def refuse(*a, **k):
+        raise AssertionError("trained or evaluated although the eval is kept")
+
+    monkeypatch.setattr(router_budget, "run_one", refuse)
+    monkeypatch.setattr(rd.subprocess, "run", refuse)
+    results = tmp_path / "results"
+    rows = [_row("math", 0.0, 0.0, 1.0)]
+    record = {"samples": [{"task_id": "1", "messages": ["long"]}], "routing": {"per_task": rows}}
+    kept = results / "router_discrimination_kept" / "eval_B=0.3.json"
+    kept.parent.mkdir(parents=True)
+    kept.write_text(json.dumps(record))
+    args = argparse.Namespace(steps=60, seed=0, extra=[], results=results)
+    got = rd.train_and_eval("B=0.3", 0.3, args, tmp_path / "work")
+    assert got == {"checkpoint": None, "rows": rows}
+    # a fresh eval in the work directory is read first, and kept without its episodes' text
+    work_eval = tmp_path / "work" / "eval_B=0.3.json"
+    work_eval.parent.mkdir()
+    work_eval.write_text(json.dumps({**record, "routing": {"per_task": rows * 2}}))
+    assert rd.train_and_eval("B=0.3", 0.3, args, tmp_path / "work")["rows"] == rows * 2
+    assert "messages" not in json.loads(kept.read_text())["samples"][0]
