@@ -22,8 +22,9 @@ with ``toolgrpo eval`` on held-out tasks, every task under every route, and read
     python benchmarks/router_discrimination.py --runs unconstrained   # one of the two runs
 
 Writes ``benchmarks/results/router_discrimination.json`` (+ the probe table on stdout), and keeps
-each run's routed eval, without its episodes' text, in ``router_discrimination_kept/``: a later
-checkout re-reads a kept run instead of training it again.
+each run's routed eval, without its episodes' text, in ``router_discrimination_kept/<work>/``
+(``<work>``: the name of ``--work``): a later checkout re-reads a kept run instead of training it
+again.
 """
 
 from __future__ import annotations
@@ -248,14 +249,15 @@ def probe(cfg_overrides: list[str], tasks: list[Any], checkpoint: str | None) ->
 def train_and_eval(name: str, budget: float, args: argparse.Namespace, work: Path) -> dict:
     """One router run (``router_budget.run_one``, resumable) and its routed eval's table. The
     eval is kept in git without its episodes' text (``kept``); a kept eval counts as done, and
-    the run's checkpoint is then None when the work directory no longer holds it."""
+    the run's checkpoint is then None when the work directory no longer holds it. Kept evals are
+    filed under the work directory's name: like the work directory, it names one setting."""
     from kept import find, keep_eval, kept_dir
     from router_budget import run_one
 
     run = work / name
     final = run / "checkpoints" / f"global_step_{args.steps}"
     out = work / f"eval_{name}.json"
-    kept = kept_dir(args.results / "router_discrimination.json") / out.name
+    kept = kept_dir(args.results / "router_discrimination.json") / work.name / out.name
     found = find(out, kept)
     if found is None:
         overrides = [

@@ -141,7 +141,7 @@ def test_a_kept_eval_is_read_instead_of_training_again(tmp_path, monkeypatch):
     results = tmp_path / "results"
     rows = [_row("math", 0.0, 0.0, 1.0)]
     record = {"samples": [{"task_id": "1", "messages": ["long"]}], "routing": {"per_task": rows}}
-    kept = results / "router_discrimination_kept" / "eval_B=0.3.json"
+    kept = results / "router_discrimination_kept" / "work" / "eval_B=0.3.json"
     kept.parent.mkdir(parents=True)
     kept.write_text(json.dumps(record))
     args = argparse.Namespace(steps=60, seed=0, extra=[], results=results)
