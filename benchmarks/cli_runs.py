@@ -41,4 +41,4 @@ def cpu_flags() -> list[str]:
         return []
     line = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
     words = set(line.split(":", 1)[-1].split())
-    return [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in words]
+    return [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile") if f in words]

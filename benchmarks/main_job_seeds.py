@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cli_runs import toolgrpo  # noqa: E402
+from cli_runs import cpu_flags, toolgrpo  # noqa: E402
 from kept import finder, keep_evals, kept_dir, pin  # noqa: E402
 
 from toolgrpo.eval.paired import load_outcomes, load_single_turn, paired, paired_values  # noqa: E402
@@ -91,21 +91,12 @@ def run_seed(work: Path, seed: int, extra: list[str], log: Path) -> Path:
 
 
 def machine() -> dict:
-    flags = set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-                break
-    except OSError:
-        pass
     import torch
 
     from toolgrpo.models.loading import compute_dtype
 
-    keep = ["avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile"]
     return {
-        "cpu_flags": [f for f in keep if f in flags],
+        "cpu_flags": cpu_flags(),
         "dtype": str(compute_dtype("auto", torch.device("cpu"))).replace("torch.", ""),
         "cores": os.cpu_count(),
         "torch": torch.__version__,
