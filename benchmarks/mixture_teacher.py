@@ -35,7 +35,9 @@ Writes ``benchmarks/results/mixture_teacher.json``: ``arms``, one entry each wit
 ``seeds``, ``accuracy``, ``se``, ``gain_vs_actor_only``, ``gain_se`` (points; SEs add the SE
 over tasks and the SE between seeds), ``nonzero_adv_group_frac`` (mean over training steps of
 1 − reward/groups_all_equal_frac), ``actor_samples``, ``fixed_samples``; ``references``: the
-actor and the fixed policy before training.
+actor and the fixed policy before training. Each arm (and reference) also has ``behaviour``
+(benchmarks/behaviour.py: answered, tool-call and tool-error shares, mean reward), so an arm
+whose accuracy does not move still shows whether what it does moved.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from behaviour import arm_behaviour, eval_behaviour  # noqa: E402
 from cli_runs import toolgrpo  # noqa: E402
 from kept import finder, keep_evals, keep_file, kept_dir, pin, write_atomic  # noqa: E402
 from main_job_seeds import machine  # noqa: E402
@@ -210,6 +213,7 @@ def summarize(work: Path, seeds: list[int], kept: Path | None = None) -> dict[st
             gain, gain_se = _pooled(gain_task, gain_seed, len(paired_seeds))
         row: dict[str, Any] = {"arm": arm, "seeds": done, "accuracy": acc, "se": se}
         row |= {"gain_vs_actor_only": gain, "gain_se": gain_se, "paired_seeds": paired_seeds}
+        row["behaviour"] = arm_behaviour([found[(arm, s)] for s in done])
         if arm == "sft_teacher":
             results = [at(f"{arm}_seed{s}/sft_result.json") for s in done]
             ex = [json.loads(p.read_text()).get("examples") for p in results if p]
@@ -227,6 +231,7 @@ def summarize(work: Path, seeds: list[int], kept: Path | None = None) -> dict[st
             vals = [o.success for o in load_outcomes(path).values()]
             se = stdev(vals) / math.sqrt(len(vals)) if len(vals) > 1 else 0.0
             refs[name] = {"model": model, "accuracy": 100 * fmean(vals), "se": 100 * se}
+            refs[name]["behaviour"] = eval_behaviour(path)
     return {
         "config": str(CONFIG.relative_to(ROOT)),
         "actor": ACTOR,

@@ -153,6 +153,8 @@ def test_the_summary_pairs_each_arm_with_actor_only_by_task(tmp_path):
     assert mixed["gain_se"] == pytest.approx(100 * math.hypot(se_tasks, se_seeds))
     assert mixed["accuracy"] == pytest.approx(15.0)
     assert mixed["nonzero_adv_group_frac"] == pytest.approx(0.5)
+    assert mixed["behaviour"]["reward"] == pytest.approx(0.15)  # 4/20 and 2/20 over the seeds
+    assert [b["reward"] for b in mixed["behaviour"]["per_seed"]] == pytest.approx([0.2, 0.1])
     assert (mixed["actor_samples"], mixed["fixed_samples"]) == (64, 16)
     assert sft["seeds"] == [0] and sft["gain_vs_actor_only"] == pytest.approx(5.0)
     assert sft["nonzero_adv_group_frac"] is None and sft["sft_unique_examples"] == [51]
