@@ -12,6 +12,10 @@ its earlier turns (the tool calls):
 - ``shaping_weight_mean``: the mean of γp/(p + γ)², LUFFY's weight with r = p;
 - ``episode_logp_mean``: mean total log-probability of an episode's assistant tokens.
 
+With ``--dumps`` (a mixed-group run's rollout dumps) and ``--metrics``, also ``advantage_mass``:
+how the update's weight split between the teacher's successes, its failures and the actor's own
+samples (``advantage_mass``'s docstring).
+
 A model is an alias or directory (``smollm2-135m``) or a training checkpoint (``.../global_step_N``,
 with its ``model/`` or LoRA ``adapter/``), optionally ``label=``-prefixed:
 
@@ -39,9 +43,11 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
+from toolgrpo.algos.advantages import compute_grpo_advantages  # noqa: E402
 from toolgrpo.config.loader import load_config  # noqa: E402
 from toolgrpo.config.schema import TrainConfig  # noqa: E402
 from toolgrpo.eval.cli import apply_checkpoint  # noqa: E402
+from toolgrpo.eval.episodes import success_threshold  # noqa: E402
 from toolgrpo.models.loading import load_policy  # noqa: E402
 from toolgrpo.models.logprobs import masked_token_logprobs  # noqa: E402
 from toolgrpo.rollout.hf import stop_token_ids  # noqa: E402
@@ -130,11 +136,50 @@ def score_model(model: str, data: Path, gamma: float) -> dict[str, Any]:
     return out
 
 
+def advantage_mass(dumps: Path, metrics: Path | None = None) -> dict[str, Any]:
+    """Where a mixed-group run's update put its weight: over every step's rollout dumps, each
+    row's GRPO advantage (``compute_grpo_advantages``, std-normalized, rows of a group by uid)
+    times its trained tokens, times the step's mean shaping weight on fixed rows
+    (``mixture/shaping_grad_weight_mean`` from ``metrics``; 1 without it), as shares of the
+    whole. With token-mean aggregation every token shares one denominator, so these shares are
+    the shares of the loss's gradient weight that pull towards the fixed policy's successes,
+    away from its failures, and away from (or towards) the actor's own samples."""
+    weight: dict[int, float] = {}
+    if metrics is not None:
+        for line in metrics.read_text().splitlines():
+            r = json.loads(line)
+            if "mixture/shaping_grad_weight_mean" in r:
+                weight[int(r["step"])] = float(r["mixture/shaping_grad_weight_mean"])
+    mass: dict[str, float] = {}
+    for path in sorted(dumps.glob("*.jsonl"), key=lambda q: int(q.stem)):
+        rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+        if not rows:
+            continue
+        scores = torch.tensor([float(r["reward"] or 0.0) for r in rows])
+        adv, _ = compute_grpo_advantages(
+            scores,
+            torch.ones(len(rows), 1),
+            [r["uid"] for r in rows],
+            is_negative_B=[bool(r.get("negative")) for r in rows],
+        )
+        for r, a in zip(rows, adv[:, 0].tolist(), strict=True):
+            fixed = r.get("policy", "actor") != "actor"
+            ok = (r["reward"] or 0.0) >= success_threshold(r["task_type"])
+            tokens = sum(s["tokens"] for s in r.get("spans", []) if s.get("trained"))
+            w = weight.get(int(r["step"]), 1.0) if fixed else 1.0
+            key = f"{'fixed' if fixed else 'actor'}_{'success' if ok else 'failure'}"
+            mass[key] = mass.get(key, 0.0) + abs(a) * tokens * w
+    total = sum(mass.values())
+    return {k: v / total for k, v in sorted(mass.items())} if total else {}
+
+
 def main(argv: list[str]) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("models", nargs="+", help="[label=]alias, directory or checkpoint")
+    ap.add_argument("models", nargs="*", help="[label=]alias, directory or checkpoint")
     ap.add_argument("--data", type=Path, required=True)
     ap.add_argument("--gamma", type=float, default=0.1)
+    ap.add_argument("--dumps", type=Path, help="a mixed-group run's rollout_data: advantage_mass")
+    ap.add_argument("--metrics", type=Path, help="that run's metrics.jsonl (shaping weights)")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/teacher_tokens.json")
     args = ap.parse_args(argv)
     result: dict[str, Any] = {"data": str(args.data), "gamma": args.gamma, "models": {}}
@@ -152,6 +197,9 @@ def main(argv: list[str]) -> None:
             f"(perplexity {math.exp(-a['logp_mean']):.2f})",
             flush=True,
         )
+    if args.dumps:
+        result["advantage_mass"] = advantage_mass(args.dumps, args.metrics)
+        print("advantage-weighted token mass:", result["advantage_mass"])
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {args.out}")

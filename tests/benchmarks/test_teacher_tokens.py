@@ -63,3 +63,29 @@ def test_a_model_is_scored_on_every_assistant_token_of_the_episodes(tmp_path, ti
     assert a["logp_mean"] == pytest.approx(pooled, rel=1e-5)
     assert a["logp_mean"] < 0 and math.isfinite(got["episode_logp_mean"])
     assert got["episode_logp_mean"] == pytest.approx(a["logp_mean"] * a["tokens"] / 2, rel=1e-4)
+
+
+def _row(step, uid, policy, reward, tokens, negative=False):
+    spans = [{"text": "x", "trained": True, "tokens": tokens}, {"text": "tool", "trained": False,
+             "tokens": 99}]  # fmt: skip
+    return {"step": step, "uid": uid, "policy": policy, "reward": reward, "spans": spans,
+            "task_type": "calculator", "negative": negative}  # fmt: skip
+
+
+def test_advantage_mass_splits_the_update_between_teacher_and_actor(tmp_path):
+    dumps = tmp_path / "rollout_data"
+    dumps.mkdir()
+    rows = [_row(1, "g", "actor", 0.0, 10) for _ in range(4)] + [_row(1, "g", "fixed", 1.0, 5)]
+    rows += [_row(1, "h", "actor", 0.0, 50) for _ in range(4)] + [_row(1, "h", "fixed", 0.0, 7)]
+    (dumps / "1.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text(json.dumps({"step": 1, "mixture/shaping_grad_weight_mean": 0.1}) + "\n")
+    std = math.sqrt(0.2 * 0.8 * 5 / 4)  # the unbiased std of one success in five
+    teacher = (0.8 / std) * 5 * 0.1  # its advantage x its trained tokens x the shaping weight
+    actor = 4 * (0.2 / std) * 10  # group h is all failures: no advantage, no mass
+    got = tt.advantage_mass(dumps, metrics)
+    assert got["fixed_success"] == pytest.approx(teacher / (teacher + actor), rel=1e-5)
+    assert got["actor_failure"] == pytest.approx(actor / (teacher + actor), rel=1e-5)
+    assert got["fixed_failure"] == 0.0
+    unweighted = tt.advantage_mass(dumps)  # no metrics: fixed rows at weight 1
+    assert unweighted["fixed_success"] == pytest.approx(10 * teacher / (10 * teacher + actor))
