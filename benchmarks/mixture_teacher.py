@@ -15,6 +15,8 @@ Every arm draws the same number of actor samples (steps × 8 × 4):
   step; ``actor_samples`` in the JSON says how many it drew).
 - ``mixed_shaped``: mixed groups (every group: the actor's 4 + k = 1 fixed sample, GRPO over the
   5) and LUFFY's policy shaping of the fixed rows (γ = 0.1, r = π/π_fixed).
+- ``mixed_shaped_norm`` (only with ``--arms``): ``mixed_shaped`` with ``shaping_normalize``
+  (f × (1 + γ)²/γ: a fixed token the actor agrees with weighs as much as one of its own).
 - ``sft_teacher``: LoRA SFT of the actor (configs/sft_smollm2_agent.yaml) on the fixed policy's
   successful episodes from the ``mixed_shaped`` run of the same seed (its rollout dumps: the very
   teacher samples that arm saw), for as many examples as that arm had fixed samples.
@@ -66,11 +68,12 @@ CONFIG = ROOT / "configs" / "agent_smollm2_grpo.yaml"
 SFT_CONFIG = ROOT / "configs" / "sft_smollm2_agent.yaml"
 ACTOR = "smollm2-135m"  # the base: ~0 % on the environments
 TEACHER = "smollm2-135m-agent"  # the agent warm start: ~38 %
-ARMS = ("actor_only", "design_is", "mixed_shaped", "sft_teacher")
+ARMS = ("actor_only", "design_is", "mixed_shaped", "sft_teacher", "mixed_shaped_norm")
+DEFAULT_ARMS = ARMS[:4]  # the four; mixed_shaped_norm on request (--arms)
 STEPS = 16
 SFT_BATCH = 8
 REFERENCES = {"actor_start": ACTOR, "teacher": TEACHER}
-RL_ARMS = ARMS[:3]
+RL_ARMS = ("actor_only", "design_is", "mixed_shaped", "mixed_shaped_norm")
 # The metrics.jsonl keys ``step_means`` reads: all a run keeps of its metrics.
 METRIC_KEYS = (
     "reward/groups_all_equal_frac",
@@ -105,7 +108,8 @@ def arm_overrides(arm: str, steps: int) -> list[str]:
             "rollout_allocation_schedule.type=constant",
             "rollout_allocation_schedule.alpha=0.5",
         ]
-    if arm == "mixed_shaped":
+    if arm in ("mixed_shaped", "mixed_shaped_norm"):
+        norm = ["rollout_only.shaping_normalize=true"] if arm == "mixed_shaped_norm" else []
         return [
             *common,
             *fixed,
@@ -114,6 +118,7 @@ def arm_overrides(arm: str, steps: int) -> list[str]:
             "rollout_allocation_schedule.fixed_per_group=1",
             "rollout_only.fixed_loss=shaped",
             "rollout_only.shaping_gamma=0.1",
+            *norm,
         ]
     raise ValueError(f"{arm} is not an RL arm")
 
@@ -342,7 +347,7 @@ def main(argv: list[str]) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     ap.add_argument("--steps", type=int, default=STEPS)
-    ap.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
+    ap.add_argument("--arms", nargs="+", default=list(DEFAULT_ARMS), choices=ARMS)
     ap.add_argument("--work", type=Path, default=ROOT / "outputs" / "mixture_teacher")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/mixture_teacher.json")
     ap.add_argument("--report", action="store_true", help="summarize what is there; run nothing")

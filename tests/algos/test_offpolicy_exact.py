@@ -18,7 +18,7 @@ import torch
 from toolgrpo.algos.advantages import compute_grpo_advantages
 from toolgrpo.algos.importance import importance_log_ratio, raw_is_stats, truncated_is_weights
 from toolgrpo.algos.losses import ppo_policy_loss
-from toolgrpo.algos.offpolicy import shaped_policy_loss
+from toolgrpo.algos.offpolicy import shaped_policy_loss, shaping_grad_weight
 
 V, L, C, GAMMA = 3, 2, 2.0, 0.1
 YS = torch.tensor(list(itertools.product(range(V), repeat=L)))  # [9, 2]
@@ -84,13 +84,13 @@ class Setup:
 
         return row
 
-    def shaped_loss(self, with_fixed: bool):
+    def shaped_loss(self, with_fixed: bool, normalize: bool = False):
         def row(lp: torch.Tensor, i: int) -> torch.Tensor:
             sl = slice(i, i + 1)
             adv = self.adv[sl].unsqueeze(-1).expand(1, L)
             fixed = self.q_tok[sl] if with_fixed else None
             loss, _ = shaped_policy_loss(
-                lp[sl], adv, self.mask[sl], GAMMA, fixed, "seq-mean-token-sum"
+                lp[sl], adv, self.mask[sl], GAMMA, fixed, "seq-mean-token-sum", normalize=normalize
             )
             return loss
 
@@ -167,6 +167,22 @@ def test_shaping_on_the_ratio_is_the_scaled_policy_gradient_when_the_policies_ag
     ratio = s.expected(s.shaped_loss(True))
     torch.testing.assert_close(ratio, GAMMA / (1 + GAMMA) ** 2 * on, rtol=1e-10, atol=1e-12)
     assert _cos(s.expected(s.shaped_loss(False)), on) < 0.999
+
+
+@pytest.mark.parametrize("with_fixed", [False, True])
+def test_normalized_shaping_is_the_same_shape_at_the_on_policy_scale(s, with_fixed):
+    """shaping_normalize: f × (1 + γ)²/γ. Its expectation is the shaped one times that gain
+    (the direction is LUFFY's), and on the ratio with q = π it is exactly ∇J."""
+    gain = (1 + GAMMA) ** 2 / GAMMA
+    g = s.expected(s.shaped_loss(with_fixed, normalize=True))
+    torch.testing.assert_close(g, gain * s.expected(s.shaped_loss(with_fixed)), rtol=1e-10, atol=0)
+    agree = Setup(fixed=ACTOR)
+    ratio = agree.expected(agree.shaped_loss(True, normalize=True))
+    torch.testing.assert_close(ratio, agree.on_policy(), rtol=1e-10, atol=1e-12)
+    r = torch.tensor([1.0, GAMMA, 1e-3], dtype=torch.float64)
+    assert shaping_grad_weight(r, GAMMA, True).tolist() == pytest.approx(
+        [1.0, gain / 4, gain * GAMMA * 1e-3 / (1e-3 + GAMMA) ** 2]
+    )
 
 
 def test_an_all_fail_actor_group_learns_from_one_fixed_success_only_when_mixed():

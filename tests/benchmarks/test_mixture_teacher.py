@@ -23,7 +23,7 @@ from toolgrpo.config.validate import validate_sft_config, validate_train_config 
 from toolgrpo.sft.config import SFTConfig  # noqa: E402
 
 
-@pytest.mark.parametrize("arm", ["actor_only", "design_is", "mixed_shaped"])
+@pytest.mark.parametrize("arm", ["actor_only", "design_is", "mixed_shaped", "mixed_shaped_norm"])
 def test_each_rl_arm_is_a_valid_command_line_of_the_main_job(arm, tmp_path):
     ov = mt.arm_overrides(arm, 16) + ["trainer.seed=1", f"trainer.output_dir={tmp_path}"]
     cfg = load_config(TrainConfig, str(mt.CONFIG), ov)
@@ -45,6 +45,7 @@ def test_each_rl_arm_is_a_valid_command_line_of_the_main_job(arm, tmp_path):
     else:
         assert (sc.groups, sc.fixed_per_group, sc.alpha) == ("mixed", 1, 0.0)
         assert (ro.fixed_loss, ro.shaping_gamma) == ("shaped", 0.1)
+        assert ro.shaping_normalize == (arm == "mixed_shaped_norm")
 
 
 def test_the_sft_arm_is_a_valid_sft_command_line(tmp_path):

@@ -105,9 +105,9 @@ def test_shaped_fixed_rows_reach_the_loss_through_policy_shaping(mix_config, tmp
     calls = []
     orig = actor_mod.shaped_policy_loss
 
-    def spy(lp, adv, mask, gamma, fixed_lp, agg, scale, shaped):
-        calls.append((gamma, fixed_lp is not None, shaped.clone()))
-        return orig(lp, adv, mask, gamma, fixed_lp, agg, scale, shaped)
+    def spy(lp, adv, mask, gamma, fixed_lp, agg, scale, shaped, normalize):
+        calls.append((gamma, fixed_lp is not None, shaped.clone(), normalize))
+        return orig(lp, adv, mask, gamma, fixed_lp, agg, scale, shaped, normalize)
 
     monkeypatch.setattr(actor_mod, "shaped_policy_loss", spy)
     extra = {"rollout_only.fixed_loss": "shaped", "rollout_only.shaping_gamma": 0.2}
@@ -120,12 +120,21 @@ def test_shaped_fixed_rows_reach_the_loss_through_policy_shaping(mix_config, tmp
     torch.testing.assert_close(b["shaping_BR"][fixed], (mask[fixed] != 0).float())
     assert (b["shaping_BR"][~fixed] == 0).all()
     assert (b["is_weights_BR"][fixed] == 0).all()  # the PPO term is off on shaped rows
-    assert calls and all(g == 0.2 and with_fixed for g, with_fixed, _ in calls)
-    assert sum(float(s.sum()) for *_, s in calls) == float(mask[fixed].sum())
+    assert calls and all(g == 0.2 and fixed and not n for g, fixed, _, n in calls)
+    assert sum(float(c[2].sum()) for c in calls) == float(mask[fixed].sum())
     assert math.isfinite(rec["actor/pg_loss"]) and math.isfinite(rec["actor/grad_norm"])
     assert 0 < rec["mixture/shaping_grad_weight_mean"] <= 0.25
     for k in RAW_KEYS:
         assert math.isfinite(rec[k]), k
+    # shaping_normalize: the same step, every shaped weight × (1 + γ)²/γ
+    calls.clear()
+    extra["rollout_only.shaping_normalize"] = "true"
+    (norm,) = Trainer(mix_config(out=tmp_path / "shn", **extra)).fit()
+    assert calls and all(n for *_, n in calls)
+    gain = 1.2**2 / 0.2
+    assert norm["mixture/shaping_grad_weight_mean"] == pytest.approx(
+        gain * rec["mixture/shaping_grad_weight_mean"], rel=1e-4
+    )
 
 
 def test_multi_turn_episodes_join_their_actor_group(mix_config, tmp_path):

@@ -74,4 +74,7 @@ class RolloutOnlyConfig:
     fixed_loss: str = "is"  # is | shaped
     shaping_gamma: float = 0.1
     shaping_ratio: str = "ratio"  # ratio | prob
+    # f times (1 + γ)²/γ: weight 1 where the actor agrees with the fixed policy (r = 1), as an
+    # on-policy token has; LUFFY's own f (false) gives fixed tokens at most 1/4 of that.
+    shaping_normalize: bool = False
     offload: bool = False  # load the fixed model only for the steps that use it, free it after

@@ -13,6 +13,7 @@ Config (the design's keys; off unless ``rollout_only.model_path`` is set)::
       rollout_is_threshold: 2.0    # C in min(π_old/π_fixed, C); null = untruncated
       fixed_loss: is               # is | shaped: LUFFY's −A·r/(r + γ) (beyond the design)
       shaping_gamma: 0.1           #   γ; shaping_ratio: ratio (π/π_fixed) | prob (π)
+      shaping_normalize: false     #   f × (1 + γ)²/γ: weight 1 at r = 1, as on-policy tokens
       extra_policies: [...]        # more fixed policies (unset fields take rollout_only's)
     rollout_allocation_schedule:
       type: constant               # constant|linear|exponential|step|adaptive|module:Class

@@ -37,6 +37,7 @@ from toolgrpo.algos.importance import (
     raw_is_stats,
     truncated_is_weights,
 )
+from toolgrpo.algos.offpolicy import shaping_grad_weight
 from toolgrpo.algos.utils import masked_mean
 
 ROLLOUT_IS_LEVELS = ("sequence", "token")
@@ -74,13 +75,14 @@ def correct_fixed_rows(
     objective: str = "is",
     shaping_gamma: float = 0.1,
     shaping_ratio: str = "ratio",
+    shaping_normalize: bool = False,
 ) -> Correction:
     """Old log-probs (a new tensor) and IS weights for a batch whose ``fixed_B`` rows a fixed
     policy sampled. ``current_logprobs_BR`` (the actor before the update, π_old) matter on those
     rows only. Metrics describe the weights in effect: the token ratio π_old/π_fixed in bypass
     mode (before clipping), the truncated token or sequence weights when decoupled; with
     ``objective="shaped"``, f's gradient weight γ·r/(r + γ)² at θ_old (``shaping_ratio``:
-    r = π_old/π_fixed, or r = π_old for ``prob``)."""
+    r = π_old/π_fixed, or r = π_old for ``prob``; times (1 + γ)²/γ with ``shaping_normalize``)."""
     if level not in ROLLOUT_IS_LEVELS:
         raise ValueError(f"unknown rollout_is level {level!r}; known: sequence, token")
     if objective not in OBJECTIVES:
@@ -106,7 +108,7 @@ def correct_fixed_rows(
         shaping = torch.zeros_like(old)
         shaping[fixed_B] = (mask != 0).to(old.dtype)
         r = torch.exp(log_ratio if shaping_ratio == "ratio" else current_logprobs_BR[fixed_B])
-        gw = shaping_gamma * r / (r + shaping_gamma) ** 2
+        gw = shaping_grad_weight(r, shaping_gamma, shaping_normalize)
         metrics["mixture/shaping_grad_weight_mean"] = float(masked_mean(gw, mask))
         used = None
     elif bypass_mode:

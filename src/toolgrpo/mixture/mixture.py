@@ -91,10 +91,11 @@ class Mixture:
             ro.rollout_is,
             ro.rollout_is_threshold,
         )
-        self.objective, self.gamma, self.shaping_ratio = (
+        self.objective, self.gamma, self.shaping_ratio, self.shaping_normalize = (
             ro.fixed_loss,
             ro.shaping_gamma,
             ro.shaping_ratio,
+            ro.shaping_normalize,
         )
         self.mixed, self.k = sc.groups == "mixed", sc.fixed_per_group
         self._metrics_file = Path(cfg.trainer.output_dir) / "metrics.jsonl"
@@ -249,6 +250,7 @@ class Mixture:
             self.objective,
             self.gamma,
             self.shaping_ratio,
+            self.shaping_normalize,
         )
         batch.old_logprobs_BR, batch.is_weights_BR = c.old_logprobs_BR, c.is_weights_BR
         batch.shaping_BR = c.shaping_BR

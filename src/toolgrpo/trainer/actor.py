@@ -299,7 +299,7 @@ class Actor:
             fixed_lp = mb.rollout_logprobs_BR[:, :r] if ro.shaping_ratio == "ratio" else None
             adv, shaped_BR = mb.advantages_BR[:, :r], mb.shaping_BR[:, :r]
             args = (ro.shaping_gamma, fixed_lp, acfg.loss_agg_mode, scale, shaped_BR)
-            shaped, _ = shaped_policy_loss(lp, adv, mask, *args)
+            shaped, _ = shaped_policy_loss(lp, adv, mask, *args, ro.shaping_normalize)
             pg = pg + shaped  # the PPO term has weight 0 on those tokens
         entropy = agg_loss(ent, mask, acfg.loss_agg_mode, scale)
         loss = pg - acfg.entropy_coeff * entropy
