@@ -54,7 +54,9 @@ def shaping(r: torch.Tensor, gamma: float = 0.1, normalize: bool = False) -> tor
     return shaping_gain(gamma, normalize) * r / (r + gamma)
 
 
-def shaping_grad_weight(r: torch.Tensor, gamma: float = 0.1, normalize: bool = False):
+def shaping_grad_weight(
+    r: torch.Tensor, gamma: float = 0.1, normalize: bool = False
+) -> torch.Tensor:
     """r·f'(r) = γr/(r + γ)² (times ``shaping_gain``): the factor on ∇log π of a shaped token."""
     return shaping_gain(gamma, normalize) * gamma * r / (r + gamma) ** 2
 
