@@ -44,6 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from toolgrpo.algos.advantages import compute_grpo_advantages  # noqa: E402
+from toolgrpo.algos.offpolicy import shaping_grad_weight  # noqa: E402
 from toolgrpo.config.loader import load_config  # noqa: E402
 from toolgrpo.config.schema import TrainConfig  # noqa: E402
 from toolgrpo.eval.cli import apply_checkpoint  # noqa: E402
@@ -100,7 +101,7 @@ def token_stats(logps: list[torch.Tensor], gamma: float) -> dict[str, float | No
         "tokens": int(flat.numel()),
         "logp_mean": float(flat.mean()),
         "low_frac": float((p < gamma).float().mean()),
-        "shaping_weight_mean": float((gamma * p / (p + gamma) ** 2).mean()),
+        "shaping_weight_mean": float(shaping_grad_weight(p, gamma).mean()),
     }
 
 
