@@ -20,8 +20,9 @@ without training or evaluating it, and ``--report`` works from the kept copies a
 Writes ``benchmarks/results/negatives.json``: ``arms.<name>`` with ``accuracy``,
 ``tool_error_rate`` (errors per call), ``episodes_with_tool_error``, each with ``*_se`` (over
 tasks and, with several seeds, between seeds), ``by_type``, ``training`` (means over steps of
-the training metrics, first-try and repaired rewards apart) and, for every arm but the
-baseline, ``vs_no_rollback.<measure>`` (``diff``, ``se``, ``z``, per seed).
+the training metrics, first-try and repaired rewards apart), ``machine`` (CPU flags and dtype
+of each seed's run) and, for every arm but the baseline, ``vs_no_rollback.<measure>``
+(``diff``, ``se``, ``z``, per seed); and ``negatives.png`` (held out by arm, training by step).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cli_runs import toolgrpo  # noqa: E402
 from kept import finder, keep_evals, keep_file, kept_dir, pin  # noqa: E402
+from main_job_seeds import machine  # noqa: E402
 
 from toolgrpo.eval.paired import load_outcomes, paired_values  # noqa: E402
 
@@ -66,6 +68,7 @@ TRAINING_KEYS = (
     "rollback/erased",
     "rollback/forks",
     "batch/size",
+    "timing/step_s",
 )
 STEPS = 16  # the config's total_training_steps
 
@@ -206,15 +209,24 @@ def metrics_name(arm: str, seed: int) -> str:
     return f"{arm}/seed_{seed}/metrics.jsonl"
 
 
+def machine_name(arm: str, seed: int) -> str:
+    """The machine a run trained on (CPU flags, dtype), relative to the work directory."""
+    return f"{arm}/seed_{seed}/machine.json"
+
+
 def keep(work: Path, kept: Path, arms: list[str], seeds: list[int], steps: int) -> None:
-    """Keep every eval of ``work`` and the metrics of every finished run (only the keys
-    ``training_summary`` reads) in ``kept``."""
+    """Keep every eval of ``work`` and, for every finished run, its metrics (only the keys
+    ``training_summary`` reads) and the machine it trained on in ``kept``. A work directory is
+    this machine's, so a finished run there without its machine record gets this one's."""
     keep_evals(work, kept, [eval_name(arm, s) for arm in arms for s in seeds])
     for arm in arms:
         for s in seeds:
-            metrics = work / metrics_name(arm, s)
+            metrics, where = work / metrics_name(arm, s), work / machine_name(arm, s)
             if final_checkpoint(run_dir(work, arm, s), steps) and metrics.is_file():
                 keep_file(metrics, kept / metrics_name(arm, s), TRAINING_KEYS)
+                if not where.is_file():
+                    where.write_text(json.dumps(machine()) + "\n")
+                keep_file(where, kept / machine_name(arm, s))
 
 
 def summarize(
@@ -250,6 +262,8 @@ def summarize(
                 p = pooled({s: measure(o, m, t) for s, o in by_seed.items()})
                 rec["by_type"].setdefault(t, {}).update({m: p["value"], f"{m}_se": p["se"]})
         rec["training"] = {str(s): training_summary(at(metrics_name(arm, s))) for s in by_seed}
+        where = {s: at(machine_name(arm, s)) for s in by_seed}
+        rec["machine"] = {str(s): json.loads(p.read_text()) for s, p in where.items() if p}
         if arm != BASELINE and BASELINE in evals:
             base = evals[BASELINE]
             rec["vs_no_rollback"] = {
@@ -287,9 +301,53 @@ def table(result: dict) -> str:
     return "\n".join(lines)
 
 
-def write(result: dict, out: Path) -> None:
+def first_try_curve(metrics_jsonl: Path | None) -> dict[int, float]:
+    """A run's first-try reward by training step (``reward/mean`` where nothing was repaired)."""
+    if metrics_jsonl is None or not metrics_jsonl.is_file():
+        return {}
+    rows = [json.loads(line) for line in metrics_jsonl.read_text().splitlines() if line.strip()]
+    key = "reward/first_try_mean"
+    return {r["step"]: float(r.get(key, r.get("reward/mean", math.nan)))
+            for r in rows if r.get("step", 0) > 0}  # fmt: skip
+
+
+def plot(result: dict, curves: Mapping[str, list[dict[int, float]]], path: Path) -> None:
+    """Held-out accuracy and tool errors per call by arm (±SE), and the first-try training
+    reward by step (mean over seeds)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    arms = list(result["arms"])
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
+    for ax, m, title in (
+        (axes[0], "accuracy", "held-out accuracy (%, ±SE)"),
+        (axes[1], "tool_error_rate", "held-out tool errors per call (%, ±SE)"),
+    ):
+        vals = [100 * result["arms"][a][m] for a in arms]
+        ses = [100 * result["arms"][a][f"{m}_se"] for a in arms]
+        ax.bar(range(len(arms)), vals, yerr=ses, capsize=3, color="tab:blue")
+        ax.set_xticks(range(len(arms)), [a.replace("_", "\n", 1) for a in arms], fontsize=8)
+        ax.set_title(title, fontsize=9)
+    for arm in arms:
+        runs = [c for c in curves.get(arm, []) if c]
+        steps = sorted(set.intersection(*(set(c) for c in runs))) if runs else []
+        if steps:
+            axes[2].plot(steps, [fmean(c[t] for c in runs) for t in steps], label=arm)
+    axes[2].set_title("training reward, first tries (mean over seeds)", fontsize=9)
+    axes[2].set_xlabel("step")
+    axes[2].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write(result: dict, out: Path, curves: Mapping[str, list[dict[int, float]]]) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")
+    if result["arms"]:
+        plot(result, curves, out.with_suffix(".png"))
     print(f"held-out calculator + search (percent; ± SE over tasks and seeds), {out}:")
     print(table(result))
 
@@ -320,8 +378,15 @@ def main(argv: list[str]) -> None:
                     assert ck is not None, f"{run} has no step-{args.steps} checkpoint"
                     toolgrpo(*eval_args(ck, eval_path(work, arm, s)), log=log)
                 keep(work, kept, args.arms, args.seeds, args.steps)  # an earlier session's too
-                write(summarize(work, args.arms, args.seeds, args.steps, kept), args.out)
-    write(summarize(work, args.arms, args.seeds, args.steps, kept), args.out)
+                report(work, kept, args)
+    report(work, kept, args)
+
+
+def report(work: Path, kept: Path, args: argparse.Namespace) -> None:
+    """negatives.json and negatives.png from what ``work`` and ``kept`` hold."""
+    at = finder(work, kept)
+    curves = {a: [first_try_curve(at(metrics_name(a, s))) for s in args.seeds] for a in args.arms}
+    write(summarize(work, args.arms, args.seeds, args.steps, kept), args.out, curves)
 
 
 if __name__ == "__main__":

@@ -127,6 +127,15 @@ def test_training_summary_reads_the_metrics(tmp_path):
     assert "reward/repaired_mean" not in t and bench.training_summary(tmp_path / "none") == {}
 
 
+def test_first_try_curve_falls_back_to_the_mean_without_rollback(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    rows = [{"step": 0, "reward/mean": 9.0}, {"step": 1, "reward/mean": 0.5},
+            {"step": 2, "reward/mean": 0.7, "reward/first_try_mean": 0.6}]  # fmt: skip
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert bench.first_try_curve(path) == {1: 0.5, 2: 0.6}
+    assert bench.first_try_curve(None) == {} and bench.first_try_curve(tmp_path / "no") == {}
+
+
 def _no_run(*args: str, log: Path) -> None:
     raise AssertionError(f"ran toolgrpo {' '.join(args)}")
 
@@ -166,8 +175,12 @@ def test_a_checkout_with_only_the_kept_copies_resumes_and_reports_the_same(tmp_p
         p.name for p in work.glob("eval_*")
     )
     assert not any("messages" in p.read_text() for p in kept.glob("eval_*"))
-    assert "timing" not in (kept / "fission" / "seed_1" / "metrics.jsonl").read_text()
+    assert "timing/step_s" in (kept / "fission" / "seed_1" / "metrics.jsonl").read_text()
     assert full["arms"]["fission"]["training"]["1"]["reward/mean"] == pytest.approx(1.375)
+    assert full["arms"]["fission"]["training"]["1"]["timing/step_s"] == pytest.approx(80.0)
+    assert full["arms"]["fission"]["machine"]["0"] == bench.machine()  # the runs were here
+    assert (kept / "fission" / "seed_0" / "machine.json").is_file()
+    assert out.with_suffix(".png").stat().st_size > 0
     assert full["overrides"] == [lr] and "vs_no_rollback" in full["arms"]["fission"]
     assert run_bench(tmp_path / "fresh", lr) == full  # a fresh checkout: every run reused
     assert run_bench(tmp_path / "fresh2", "--report") == full
