@@ -188,13 +188,20 @@ def paired_pooled(base: Mapping[int, Values], arm: Mapping[int, Values]) -> dict
     }
 
 
+def training_steps(metrics_jsonl: Path | None) -> list[dict[str, Any]]:
+    """A run's metrics.jsonl rows of its training steps (step 0, before training, left out)."""
+    if metrics_jsonl is None or not metrics_jsonl.is_file():
+        return []
+    rows = [json.loads(line) for line in metrics_jsonl.read_text().splitlines() if line.strip()]
+    return [r for r in rows if r.get("step", 0) > 0]
+
+
 def training_summary(metrics_jsonl: Path | None) -> dict[str, float]:
     """Means over the training steps of the metrics that tell the arms apart (a key absent
     from every step, e.g. reward/repaired_mean without rollback, is left out)."""
-    if metrics_jsonl is None or not metrics_jsonl.is_file():
+    rows = training_steps(metrics_jsonl)
+    if not rows and (metrics_jsonl is None or not metrics_jsonl.is_file()):
         return {}
-    rows = [json.loads(line) for line in metrics_jsonl.read_text().splitlines() if line.strip()]
-    rows = [r for r in rows if r.get("step", 0) > 0]
     out = {}
     for key in TRAINING_KEYS:
         vals = [float(r[key]) for r in rows if key in r]
@@ -303,12 +310,9 @@ def table(result: dict) -> str:
 
 def first_try_curve(metrics_jsonl: Path | None) -> dict[int, float]:
     """A run's first-try reward by training step (``reward/mean`` where nothing was repaired)."""
-    if metrics_jsonl is None or not metrics_jsonl.is_file():
-        return {}
-    rows = [json.loads(line) for line in metrics_jsonl.read_text().splitlines() if line.strip()]
     key = "reward/first_try_mean"
     return {r["step"]: float(r.get(key, r.get("reward/mean", math.nan)))
-            for r in rows if r.get("step", 0) > 0}  # fmt: skip
+            for r in training_steps(metrics_jsonl)}  # fmt: skip
 
 
 def plot(result: dict, curves: Mapping[str, list[dict[int, float]]], path: Path) -> None:
