@@ -17,7 +17,8 @@ without training or evaluating it again, and ``--report`` works from the kept co
 Writes ``benchmarks/results/main_job_seeds.json`` (+ ``.png``): per seed ``seed``, ``gain``,
 ``se``, ``z`` (held-out accuracy, points), ``rlla_before``, ``rlla_after``, ``rlla_diff``,
 ``rlla_se`` (mean RLLA reward, paired); ``pooled.gain`` / ``pooled.se`` (the mean gain over
-seeds and tasks; its SE adds the SE over tasks and the SE between seeds); ``machine``.
+seeds and tasks; its SE is the crossed tasks x seeds random-effects SE, and
+``pooled.se_conservative`` adds the SE over tasks and the SE between seeds); ``machine``.
 """
 
 from __future__ import annotations
@@ -103,6 +104,24 @@ def machine() -> dict:
     }
 
 
+def two_way_se(cells: list[list[float]]) -> float:
+    """SE of the grand mean of a tasks x seeds table (one outcome a cell, both factors random):
+    var = (sigma_task^2 * S + sigma_seed^2 * T + sigma_err^2) / (S T), each variance from the
+    ANOVA mean squares, a negative component estimate set to 0."""
+    t, s = len(cells), len(cells[0])
+    grand = fmean(x for row in cells for x in row)
+    task_m = [fmean(row) for row in cells]
+    seed_m = [fmean(row[j] for row in cells) for j in range(s)]
+    ms_task = s * sum((a - grand) ** 2 for a in task_m) / (t - 1)
+    ms_seed = t * sum((b - grand) ** 2 for b in seed_m) / (s - 1)
+    resid = sum(
+        (cells[i][j] - task_m[i] - seed_m[j] + grand) ** 2 for i in range(t) for j in range(s)
+    )
+    ms_err = resid / ((t - 1) * (s - 1))
+    var = max(ms_task - ms_err, 0.0) + max(ms_seed - ms_err, 0.0) + ms_err
+    return math.sqrt(var / (s * t))
+
+
 def summarize(work: Path, seeds: list[int], kept: Path | None = None) -> dict:
     """The result from the evals in ``work``, or kept in ``kept`` (seeds without both evals
     left out)."""
@@ -148,22 +167,26 @@ def summarize(work: Path, seeds: list[int], kept: Path | None = None) -> dict:
         "seeds": rows,
     }
     if rows:
-        # Two sources of error in the mean gain: which tasks (SE over tasks of each task's gain
-        # averaged over seeds) and which seeds (SE of the seeds' gains, a shift shared by all
-        # tasks that the first misses). ``se`` adds both, which counts the seed-by-task noise
-        # twice: conservative, never optimistic.
-        means = [fmean(v) for v in per_task.values() if len(v) == len(rows)]
+        # Two sources of error in the mean gain: which tasks and which seeds (a shift shared by
+        # all tasks). ``se`` is the crossed two-way random-effects SE (tasks x seeds, one outcome
+        # a cell); ``se_conservative`` adds the SE over tasks of the seed-averaged gains and the
+        # SE of the seeds' gains, which counts the seed-by-task noise twice.
+        full = [v for v in per_task.values() if len(v) == len(rows)]
+        means = [fmean(v) for v in full]
         m = 100 * fmean(means)
         se_tasks = 100 * stdev(means) / math.sqrt(len(means)) if len(means) > 1 else float("nan")
         gains = [r["gain"] for r in rows]
         se_seeds = stdev(gains) / math.sqrt(len(gains)) if len(gains) > 1 else 0.0
-        se = math.sqrt(se_tasks**2 + se_seeds**2)
+        se_sum = math.sqrt(se_tasks**2 + se_seeds**2)
+        se = 100 * two_way_se(full) if len(rows) > 1 and len(full) > 1 else se_sum
         out["pooled"] = {
             "seeds": len(rows),
             "tasks": len(means),
             "gain": m,
             "se": se,
             "z": m / se if se > 0 else float("nan"),
+            "se_conservative": se_sum,
+            "z_conservative": m / se_sum if se_sum > 0 else float("nan"),
             "se_over_tasks": se_tasks,
             "se_between_seeds": se_seeds if len(gains) > 1 else None,
             "rlla_diff": fmean(r["rlla_diff"] for r in rows),

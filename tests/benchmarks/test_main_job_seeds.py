@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 import sys
 from pathlib import Path
 from statistics import fmean, stdev
@@ -68,7 +69,10 @@ def test_gains_are_paired_by_task_and_the_pooled_se_adds_both_sources(tmp_path):
     assert math.isclose(p["gain"], 100 * fmean(per_task)) and math.isclose(p["gain"], 10.0)
     assert math.isclose(p["se_over_tasks"], se_tasks)
     assert math.isclose(p["se_between_seeds"], se_seeds)
-    assert math.isclose(p["se"], math.hypot(se_tasks, se_seeds))
+    assert math.isclose(p["se_conservative"], math.hypot(se_tasks, se_seeds))
+    # the two-way SE drops the seed-by-task noise counted twice above: between the two
+    assert se_tasks < p["se"] < p["se_conservative"]
+    assert math.isclose(p["z"], p["gain"] / p["se"])
     assert p["seeds"] == 2 and p["tasks"] == 20
 
 
@@ -108,3 +112,31 @@ def test_a_checkout_with_only_the_kept_copies_resumes_and_reports_the_same(tmp_p
     (kept / "config.sha256").write_text("0" * 64 + "\n")  # ... or of another config
     with pytest.raises(SystemExit, match="another setting"):
         run(tmp_path / "other2", lr)
+
+
+def test_two_way_se_is_exact_without_interaction_and_unbiased_under_the_model():
+    # outcome = task effect + seed effect, no noise: no double counting to remove, so the
+    # two-way variance equals the sum of the two SEs' squares
+    tasks, seeds = [0.0, 1.0, 0.0, 1.0, 1.0], [0.0, 0.5, -0.2]
+    cells = [[a + b for b in seeds] for a in tasks]
+    t_means = [fmean(r) for r in cells]
+    s_means = [fmean(r[j] for r in cells) for j in range(3)]
+    want = stdev(t_means) ** 2 / 5 + stdev(s_means) ** 2 / 3
+    assert math.isclose(mjs.two_way_se(cells) ** 2, want)
+    # under d = a_task + u_seed + e, the mean of the estimated variance matches the spread of
+    # the grand mean over repeats (the summed SE overshoots by var(e) / (S T))
+    rng, n_t, n_s = random.Random(0), 40, 3
+    grand, est, summed = [], [], []
+    for _ in range(3000):
+        a = [rng.gauss(0, 1.0) for _ in range(n_t)]
+        u = [rng.gauss(0, 0.3) for _ in range(n_s)]
+        cells = [[a[i] + u[j] + rng.gauss(0, 1.5) for j in range(n_s)] for i in range(n_t)]
+        grand.append(fmean(x for r in cells for x in r))
+        est.append(mjs.two_way_se(cells) ** 2)
+        tm = [fmean(r) for r in cells]
+        sm = [fmean(r[j] for r in cells) for j in range(n_s)]
+        summed.append(stdev(tm) ** 2 / n_t + stdev(sm) ** 2 / n_s)
+    true = 1.0 / n_t + 0.09 / n_s + 2.25 / (n_t * n_s)
+    assert abs(stdev(grand) ** 2 / true - 1) < 0.1  # the simulation is what the model says
+    assert abs(fmean(est) / true - 1) < 0.06
+    assert fmean(summed) / true > 1.1
