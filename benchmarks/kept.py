@@ -91,6 +91,14 @@ def keep_file(src: Path, dest: Path, keys: Iterable[str] | None = None) -> bool:
     return write_atomic(dest, text)
 
 
+def training_steps(metrics_jsonl: Path | None) -> list[dict[str, Any]]:
+    """A run's metrics.jsonl rows of its training steps (step 0, before training, left out)."""
+    if metrics_jsonl is None or not metrics_jsonl.is_file():
+        return []
+    rows = [json.loads(line) for line in metrics_jsonl.read_text().splitlines() if line.strip()]
+    return [r for r in rows if r.get("step", 0) > 0]
+
+
 def keep_evals(work: Path, kept: Path, names: Iterable[str]) -> None:
     """Keep every eval of ``names`` that the work directory holds."""
     for name in names:

@@ -37,13 +37,27 @@ sys.path.insert(0, str(ROOT / "src"))
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cli_runs import cpu_flags, toolgrpo  # noqa: E402
-from kept import finder, keep_evals, kept_dir, pin  # noqa: E402
+from kept import finder, keep_evals, keep_file, kept_dir, pin, training_steps  # noqa: E402
 
 from toolgrpo.eval.paired import load_outcomes, load_single_turn, paired, paired_values  # noqa: E402
 
 CONFIG = ROOT / "configs" / "agent_smollm2_grpo.yaml"
 RLLA_CONFIG = ROOT / "configs" / "grpo_smollm2_rlla.yaml"
 STEPS = 16
+# What each seed's summary averages over its training steps (time, the sampler/trainer mismatch,
+# reward); kept in git with the in-training validation accuracy.
+TRAINING_KEYS = (
+    "timing/step_s",
+    "timing/gen_s",
+    "timing/train_s",
+    "reward/mean",
+    "rollout/logprob_diff_mean",
+    "rollout/logprob_diff_max",
+    "rollout/mismatch_kl",
+    "rollout/mismatch_frac_outside_clip",
+    "rollout/is_weight_truncated_frac",
+)
+VAL_KEY = "val/all/accuracy"
 
 
 def final_checkpoint(run: Path) -> Path | None:
@@ -89,6 +103,31 @@ def run_seed(work: Path, seed: int, extra: list[str], log: Path) -> Path:
     ck = final_checkpoint(run)
     assert ck is not None, f"{run} has no step-{STEPS} checkpoint"
     return ck
+
+
+def metrics_name(seed: int) -> str:
+    return f"seed_{seed}/metrics.jsonl"
+
+
+def keep_metrics(work: Path, kept: Path, seed: int) -> None:
+    """Keep a finished run's metrics.jsonl, only the keys its summary reads."""
+    src = work / metrics_name(seed)
+    if final_checkpoint(work / f"seed_{seed}") is not None and src.is_file():
+        keep_file(src, kept / metrics_name(seed), (*TRAINING_KEYS, VAL_KEY))
+
+
+def training(metrics_jsonl: Path | None) -> dict:
+    """Means over a run's training steps of :data:`TRAINING_KEYS`, and its in-training
+    validation accuracy by step (empty when the run's metrics are not at hand)."""
+    if metrics_jsonl is None:
+        return {}
+    rows = training_steps(metrics_jsonl)
+    out: dict = {
+        k: fmean(r[k] for r in rows if k in r) for k in TRAINING_KEYS if any(k in r for r in rows)
+    }
+    every = [json.loads(line) for line in metrics_jsonl.read_text().splitlines() if line.strip()]
+    out["val_accuracy"] = {str(r["step"]): r[VAL_KEY] for r in every if VAL_KEY in r}
+    return out
 
 
 def machine() -> dict:
@@ -155,6 +194,7 @@ def summarize(work: Path, seeds: list[int], kept: Path | None = None) -> dict:
                 "rlla_diff": r["diff"],
                 "rlla_se": r["diff_se_paired"],
                 "rlla_z": r["z"],
+                "training": training(at(metrics_name(s))),
             }
         )
         for t in before.keys() & after.keys():
@@ -249,6 +289,7 @@ def main(argv: list[str]) -> None:
                 ck = run_seed(work, s, args.overrides, log)
                 evaluate(work, kept, f"seed_{s}", ck, log)
             keep_evals(work, kept, eval_names(f"seed_{s}"))  # evals of an earlier session too
+            keep_metrics(work, kept, s)
             write(summarize(work, args.seeds, kept), args.out)  # each seed's result as it lands
     write(summarize(work, args.seeds, kept), args.out)
 

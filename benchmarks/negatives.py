@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cli_runs import toolgrpo  # noqa: E402
-from kept import finder, keep_evals, keep_file, kept_dir, pin  # noqa: E402
+from kept import finder, keep_evals, keep_file, kept_dir, pin, training_steps  # noqa: E402
 from main_job_seeds import machine  # noqa: E402
 
 from toolgrpo.eval.paired import load_outcomes, paired_values  # noqa: E402
@@ -186,14 +186,6 @@ def paired_pooled(base: Mapping[int, Values], arm: Mapping[int, Values]) -> dict
         "tasks": p["tasks"],
         "per_seed": per_seed,
     }
-
-
-def training_steps(metrics_jsonl: Path | None) -> list[dict[str, Any]]:
-    """A run's metrics.jsonl rows of its training steps (step 0, before training, left out)."""
-    if metrics_jsonl is None or not metrics_jsonl.is_file():
-        return []
-    rows = [json.loads(line) for line in metrics_jsonl.read_text().splitlines() if line.strip()]
-    return [r for r in rows if r.get("step", 0) > 0]
 
 
 def training_summary(metrics_jsonl: Path | None) -> dict[str, float]:

@@ -91,6 +91,15 @@ def test_a_checkout_with_only_the_kept_copies_resumes_and_reports_the_same(tmp_p
     _rlla(work / "eval_rlla_warmstart.json", [0.0, 1.0, -1.0, 2.0], talk=True)
     _rlla(work / "eval_rlla_seed_0.json", [0.0, 0.0, -1.0, 2.0], talk=True)
     _rlla(work / "eval_rlla_seed_1.json", [1.0, 1.0, -1.0, 2.0], talk=True)
+    # seed 0's finished run: its metrics (a few keys kept) give the seed's training summary
+    ck = work / "seed_0" / "checkpoints" / f"global_step_{mjs.STEPS}"
+    ck.mkdir(parents=True)
+    (ck / "trainer_state.json").write_text("{}")
+    rows = [{"step": 0, "val/all/accuracy": 0.4, "timing/step_s": 9.0}]
+    rows += [{"step": i, "timing/step_s": 60.0 + i, "rollout/mismatch_kl": 1e-3, "big": [0] * 9}
+             for i in (1, 2)]  # fmt: skip
+    rows += [{"step": 2, "val/all/accuracy": 0.5}]
+    (work / "seed_0" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     lr = "actor_rollout_ref.actor.optim.lr=5e-5"
 
     def run(w: Path, *extra: str) -> dict:
@@ -100,7 +109,13 @@ def test_a_checkout_with_only_the_kept_copies_resumes_and_reports_the_same(tmp_p
     full = run(work, lr)  # the full work directory: keeps the copies
     kept = tmp_path / "results" / "main_job_seeds_kept"
     names = sorted(p.name for p in kept.iterdir())
-    assert names == sorted(["config.sha256", "overrides.json"] + [p.name for p in work.glob("e*")])
+    evals = [p.name for p in work.glob("e*")]
+    assert names == sorted(["config.sha256", "overrides.json", "seed_0", *evals])
+    assert "big" not in (kept / "seed_0" / "metrics.jsonl").read_text()
+    t0 = full["seeds"][0]["training"]
+    assert t0 == {"timing/step_s": 61.5, "rollout/mismatch_kl": 1e-3,
+                  "val_accuracy": {"0": 0.4, "2": 0.5}}  # fmt: skip
+    assert full["seeds"][1]["training"] == {}  # no run at hand
     assert not any(("messages" in p.read_text() or "response" in p.read_text()) for p in
                    kept.glob("*.json"))  # fmt: skip
     assert [r["seed"] for r in full["seeds"]] == [0, 1] and full["overrides"] == [lr]
