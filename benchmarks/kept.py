@@ -15,6 +15,7 @@ import json
 import os
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
+from statistics import fmean
 from typing import Any
 
 # Bulky text fields of an eval sample: an episode's whole conversation, a single-turn sample's
@@ -97,6 +98,17 @@ def training_steps(metrics_jsonl: Path | None) -> list[dict[str, Any]]:
         return []
     rows = [json.loads(line) for line in metrics_jsonl.read_text().splitlines() if line.strip()]
     return [r for r in rows if r.get("step", 0) > 0]
+
+
+def step_means(rows: Iterable[dict[str, Any]], keys: Iterable[str]) -> dict[str, float]:
+    """Each key's mean over the rows that have it (a key no row has is left out)."""
+    rows = list(rows)
+    out = {}
+    for key in keys:
+        vals = [float(r[key]) for r in rows if key in r]
+        if vals:
+            out[key] = fmean(vals)
+    return out
 
 
 def keep_evals(work: Path, kept: Path, names: Iterable[str]) -> None:

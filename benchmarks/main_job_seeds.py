@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cli_runs import cpu_flags, toolgrpo  # noqa: E402
-from kept import finder, keep_evals, keep_file, kept_dir, pin, training_steps  # noqa: E402
+from kept import finder, keep_evals, keep_file, kept_dir, pin, step_means  # noqa: E402
 
 from toolgrpo.eval.paired import load_outcomes, load_single_turn, paired, paired_values  # noqa: E402
 
@@ -121,11 +121,8 @@ def training(metrics_jsonl: Path | None) -> dict:
     validation accuracy by step (empty when the run's metrics are not at hand)."""
     if metrics_jsonl is None:
         return {}
-    rows = training_steps(metrics_jsonl)
-    out: dict = {
-        k: fmean(r[k] for r in rows if k in r) for k in TRAINING_KEYS if any(k in r for r in rows)
-    }
     every = [json.loads(line) for line in metrics_jsonl.read_text().splitlines() if line.strip()]
+    out: dict = step_means((r for r in every if r.get("step", 0) > 0), TRAINING_KEYS)
     out["val_accuracy"] = {str(r["step"]): r[VAL_KEY] for r in every if VAL_KEY in r}
     return out
 

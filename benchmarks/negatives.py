@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cli_runs import toolgrpo  # noqa: E402
-from kept import finder, keep_evals, keep_file, kept_dir, pin, training_steps  # noqa: E402
+from kept import finder, keep_evals, keep_file, kept_dir, pin, step_means, training_steps  # noqa: E402
 from main_job_seeds import machine  # noqa: E402
 
 from toolgrpo.eval.paired import load_outcomes, paired_values  # noqa: E402
@@ -194,11 +194,7 @@ def training_summary(metrics_jsonl: Path | None) -> dict[str, float]:
     rows = training_steps(metrics_jsonl)
     if not rows and (metrics_jsonl is None or not metrics_jsonl.is_file()):
         return {}
-    out = {}
-    for key in TRAINING_KEYS:
-        vals = [float(r[key]) for r in rows if key in r]
-        if vals:
-            out[key] = fmean(vals)
+    out = step_means(rows, TRAINING_KEYS)
     out["steps"] = float(len(rows))
     return out
 
