@@ -1,11 +1,12 @@
-"""The ``algorithm`` section: advantage estimator, KL in the reward and its controller, and the
-rollout/trainer mismatch correction (verl's names). Re-exported by ``toolgrpo.config.schema``."""
+"""The ``algorithm`` section: advantage estimator, KL in the reward and its controller, the
+rollout/trainer mismatch correction and dynamic sampling (verl's names). Re-exported by
+``toolgrpo.config.schema``."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["AlgorithmConfig", "KLCtrlConfig", "RolloutCorrectionConfig"]
+__all__ = ["AlgorithmConfig", "FilterGroupsConfig", "KLCtrlConfig", "RolloutCorrectionConfig"]
 
 
 @dataclass
@@ -31,6 +32,19 @@ class RolloutCorrectionConfig:
 
 
 @dataclass
+class FilterGroupsConfig:
+    """verl's ``algorithm.filter_groups``, DAPO's dynamic sampling: a group whose samples all
+    score the same gives GRPO no gradient, so the step keeps only groups whose ``metric``
+    differs and samples further batches of ``data.train_batch_size`` tasks until
+    ``train_batch_size`` such groups are in, or ``max_num_gen_batches`` batches were sampled
+    (then it trains on the groups it has; <= 0: no limit, as in verl)."""
+
+    enable: bool = False
+    metric: str = "score"  # the row's task reward, what the group estimator normalises
+    max_num_gen_batches: int = 4
+
+
+@dataclass
 class AlgorithmConfig:
     adv_estimator: str = "grpo"  # grpo | dr_grpo | rloo | gae
     norm_adv_by_std_in_grpo: bool = True
@@ -40,3 +54,4 @@ class AlgorithmConfig:
     kl_penalty: str = "kl"
     kl_ctrl: KLCtrlConfig = field(default_factory=KLCtrlConfig)
     rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
+    filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)

@@ -224,6 +224,8 @@ TRAIN_RULES: dict[str, Any] = {
     "algorithm.kl_ctrl.target_kl": POS,
     "algorithm.rollout_correction.rollout_is": OneOf(MISMATCH_IS_LEVELS, optional=True),
     "algorithm.rollout_correction.rollout_is_threshold": Num(0, low_open=True, optional=True),
+    "algorithm.filter_groups.metric": OneOf(("score",)),
+    "algorithm.filter_groups.max_num_gen_batches": Num(-1),  # 0 or -1 = no limit (verl's)
     "critic.vf_coef": NONNEG,
     "critic.cliprange_value": POS,
     "critic.lr": POS,

@@ -8,7 +8,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from toolgrpo.config.algorithm import AlgorithmConfig, KLCtrlConfig, RolloutCorrectionConfig  # noqa: F401
+from toolgrpo.config.algorithm import (  # noqa: F401
+    AlgorithmConfig,
+    FilterGroupsConfig,
+    KLCtrlConfig,
+    RolloutCorrectionConfig,
+)
 from toolgrpo.config.mixture import (  # noqa: F401
     FixedPolicyConfig,
     RolloutAllocationScheduleConfig,

@@ -157,6 +157,7 @@ def validate_train_config(cfg: TrainConfig) -> None:
     if a.use_kl_loss and alg.use_kl_in_reward:
         raise ConfigError("use either actor.use_kl_loss or algorithm.use_kl_in_reward, not both")
     _check_rollout_only(cfg)
+    _check_filter_groups(cfg)
     check_router_config(cfg)
 
 
@@ -186,6 +187,23 @@ def _check_rollback(mt: MultiTurnConfig) -> None:
             ) from None
     for t in mt.rollback_error_types:
         _one_of(t, ERROR_TYPES, f"{key}rollback_error_types")
+
+
+def _check_filter_groups(cfg: TrainConfig) -> None:
+    """Dynamic sampling keeps whole groups whose rewards differ: it needs groups, and the
+    features that carry per-row state from the sampler into the update do not re-batch."""
+    if not cfg.algorithm.filter_groups.enable:
+        return
+    key = "algorithm.filter_groups.enable=true"
+    if cfg.algorithm.adv_estimator == "gae":
+        raise ConfigError(f"{key} keeps groups whose rewards differ: use grpo, dr_grpo or rloo")
+    for on, what in (
+        (cfg.router.enable, "router.enable (each row's route price is bound to its batch)"),
+        (cfg.async_training.enable, "async_training.enable (the rollout thread's batches)"),
+        (bool(cfg.rollout_only.model_path), "rollout_only.model_path (the mixture's schedule)"),
+    ):
+        if on:
+            raise ConfigError(f"{key} does not run with {what} yet: turn one off")
 
 
 def _check_rollout_only(cfg: TrainConfig) -> None:

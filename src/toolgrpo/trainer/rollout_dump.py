@@ -132,17 +132,20 @@ def bound(rows: list[dict[str, Any]], limit: int) -> list[dict[str, Any]]:
 
 
 class RolloutDumper:
-    """Writes ``<dir>/<step>.jsonl`` (replaced if the step is re-run after a resume)."""
+    """Writes ``<dir>/<step>.jsonl`` (replaced if the step is re-run after a resume); a step's
+    later generation batches (dynamic sampling) are appended, each bounded by ``limit``."""
 
     def __init__(self, directory: str | Path, limit: int = -1) -> None:
         self.dir = Path(directory)
         self.limit = limit
 
-    def write(self, step: int, rows: list[dict[str, Any]]) -> Path:
+    def write(self, step: int, rows: list[dict[str, Any]], append: bool = False) -> Path:
         self.dir.mkdir(parents=True, exist_ok=True)
         path = self.dir / f"{step}.jsonl"
         tmp = path.with_suffix(".jsonl.tmp")
         with tmp.open("w") as fh:
+            if append and path.is_file():
+                fh.write(path.read_text())
             for r in bound(rows, self.limit):
                 fh.write(json.dumps({"step": step, "v": DUMP_VERSION, **r}, default=str) + "\n")
         tmp.replace(path)
@@ -155,13 +158,14 @@ class RolloutDumper:
         tokenizer: Any,
         policies: Sequence[str] | None = None,
         routes: Sequence[str | None] | None = None,
+        append: bool = False,
     ) -> Path:
         rows: list[dict[str, Any]] = []
         for i, ep in enumerate(episodes):
             pol = policies[i] if policies is not None else "actor"
             route = routes[i] if routes is not None else None
             rows += episode_records(ep, tokenizer, pol, route)
-        return self.write(step, rows)
+        return self.write(step, rows, append)
 
 
 def make_dumper(trainer_cfg: Any) -> RolloutDumper | None:

@@ -73,22 +73,26 @@ class RolloutStage:
     dumper: RolloutDumper | None = None  # trainer.rollout_data_dir
     share: RolloutShare | None = None  # FSDP2, every rank samples: this rank's part
 
-    def produce(self, step: int, tasks: list[Task], generator: Any, version: int) -> Rolled | None:
+    def produce(
+        self, step: int, tasks: list[Task], generator: Any, version: int, gen_batch: int = 0
+    ) -> Rolled | None:
         """Rollout and reward for one step's tasks, sampled by ``generator`` with the weights of
-        policy ``version``: the batch, its rollout metrics and timings. With ``share``, every
-        rank calls it with the same tasks and plays its share; rank 0 gets the result, the other
-        ranks None."""
+        policy ``version``: the batch, its rollout metrics and timings. ``gen_batch``: which of
+        the step's batches this is (dynamic sampling samples more than one). With ``share``,
+        every rank calls it with the same tasks and plays its share; rank 0 gets the result, the
+        other ranks None."""
         rank = self.share.ranks.rank if self.share is not None else 0
-        torch.manual_seed(self.seed * 1_000_003 + step + 7_919 * rank)  # resumable sampling
+        # resumable sampling: one seed per step, batch and rank
+        torch.manual_seed(self.seed * 1_000_003 + step + 7_919 * rank + 104_729 * gen_batch)
         timing: dict[str, float] = {}
         t0 = time.perf_counter()
         items, policies, routes = self._generate(step, tasks, generator, version)
         timing["timing/gen_s"] = time.perf_counter() - t0
         if self.share is None:
-            return self._collate(step, items, policies, routes, timing)
+            return self._collate(step, items, policies, routes, timing, gen_batch)
         if not self.share.main:
             return None  # rank 0 rewards and collates every rank's samples
-        rolled = self._collate(step, items, policies, routes, timing)
+        rolled = self._collate(step, items, policies, routes, timing, gen_batch)
         rolled.metrics["rollout/sampling_ranks"] = float(self.share.take_sampling_ranks())
         return rolled
 
@@ -99,11 +103,15 @@ class RolloutStage:
         policies: list[str],
         routes: list[str | None],
         timing: dict[str, float],
+        gen_batch: int = 0,
     ) -> Rolled:
-        """The step's samples rewarded (single-turn) and collated with their metrics."""
+        """The step's samples rewarded (single-turn) and collated with their metrics; the dump of
+        a step's later batches joins its first one's."""
+        more = gen_batch > 0
         if self.episodes is not None:
             if self.dumper is not None:
-                self.dumper.write_episodes(step, items, self.tokenizer, policies, routes)
+                tok = self.tokenizer
+                self.dumper.write_episodes(step, items, tok, policies, routes, append=more)
             return self._episode_batch(step, items, policies, timing)
         completions, uids, owners = (list(x) for x in zip(*items, strict=True))
         t0 = time.perf_counter()
@@ -112,7 +120,8 @@ class RolloutStage:
         if self.dumper is not None:
             rows = zip(completions, owners, uids, scores, policies, routes, strict=True)
             tok = self.tokenizer
-            self.dumper.write(step, [completion_record(*r[:4], tok, *r[4:]) for r in rows])
+            recs = [completion_record(*r[:4], tok, *r[4:]) for r in rows]
+            self.dumper.write(step, recs, append=more)
         batch = collate(completions, uids, self.tokenizer.pad_token_id)
         batch.task_types = [t.task_type for t in owners]
         batch.scores_B = torch.tensor([s.total for s in scores], dtype=torch.float32)

@@ -41,7 +41,7 @@ from toolgrpo.router.calibrate import Threshold
 from toolgrpo.router.lm_price import LmPrice
 from toolgrpo.router.runtime import RouterRuntime
 from toolgrpo.run_log import RunLog
-from toolgrpo.trainer import advantage_stage
+from toolgrpo.trainer import advantage_stage, filter_groups
 from toolgrpo.trainer import state as ckpt_state
 from toolgrpo.trainer.actor import Actor
 from toolgrpo.trainer.batch import Batch
@@ -243,15 +243,10 @@ class Trainer:
         """One GRPO/PPO step: rollout → reward → advantage → update; returns its metrics."""
         t_step = time.time()
         asynchronous = self.cfg.async_training.enable  # producer: rank 0's rollout thread
-        if not asynchronous:  # with fsdp2, rank 0's rollout reaches every rank
-            main, everyone = self.ranks.main, self.ranks.rollout_all
-            indices = self.sampler.next_batch() if main else None
-            if everyone:  # every rank plays its share of rank 0's tasks; rank 0 collates
-                tasks = self.ranks.broadcast([self.tasks[i] for i in indices] if main else None)
-                got = self.rollouts.produce(step, tasks, self.generator, self.step)
-                rolled = self.ranks.broadcast(got)
-            else:  # rank 0 samples alone; its failure ends every rank (rank_failure.py)
-                rolled = from_rank0(self.ranks, step, self.produce, step, indices, self.generator)
+        if not asynchronous:  # algorithm.filter_groups: as many batches as it takes
+            fg, wanted = self.cfg.algorithm.filter_groups, self.cfg.data.train_batch_size
+            pad = self.tokenizer.pad_token_id
+            rolled = filter_groups.fill(lambda k: self._sample(step, k), fg, wanted, pad)
         else:
             self.sampler.next_batch()  # keep the checkpointed position in step with training
             rolled = from_rank0(self.ranks, step, take_batch, producer)
@@ -306,21 +301,28 @@ class Trainer:
             return self.produce(step, sampler.next_batch(), gen)
 
         model = None if self.pool is not None else self.policy.model
-        producer = AsyncRollout(
-            model,
-            produce,
-            self.step + 1,
-            self.total_steps,
-            self.cfg.async_training.staleness_threshold,
-        )
+        stale = self.cfg.async_training.staleness_threshold
+        producer = AsyncRollout(model, produce, self.step + 1, self.total_steps, stale)
         producer.start()
         return producer
 
     # ---- stages --------------------------------------------------------------------------------
-    def produce(self, step: int, indices: list[int], generator: Any = None) -> Rolled:
+    def _sample(self, step: int, k: int) -> Rolled:
+        """The step's k-th batch of tasks rolled out; with fsdp2 it reaches every rank."""
+        main, everyone = self.ranks.main, self.ranks.rollout_all
+        indices = self.sampler.next_batch() if main else None
+        if everyone:  # every rank plays its share of rank 0's tasks; rank 0 collates
+            tasks = self.ranks.broadcast([self.tasks[i] for i in indices] if main else None)
+            got = self.rollouts.produce(step, tasks, self.generator, self.step, k)
+            return self.ranks.broadcast(got)
+        # rank 0 samples alone; its failure ends every rank (rank_failure.py)
+        return from_rank0(self.ranks, step, self.produce, step, indices, self.generator, k)
+
+    def produce(self, step: int, indices: list[int], generator: Any = None, k: int = 0) -> Rolled:
         """Rollout and reward for the tasks at ``indices`` (trainer/rollout_stage.py)."""
         tasks = [self.tasks[i] for i in indices]
-        rolled = self.rollouts.produce(step, tasks, generator or self.generator, self.step)
+        gen = generator or self.generator
+        rolled = self.rollouts.produce(step, tasks, gen, self.step, k)
         if self.pool is not None:  # this batch's share of the workers' time
             rolled.metrics.update(self.pool.rollout_times())
         return rolled

@@ -1,0 +1,148 @@
+"""Dynamic sampling (DAPO; verl's ``algorithm.filter_groups``): a GRPO group whose samples all
+score the same has zero advantage everywhere, so it costs an update's compute and teaches
+nothing. With it on, a step keeps only groups whose scores differ and samples further batches
+of tasks until ``data.train_batch_size`` such groups are in (or ``max_num_gen_batches`` batches
+were sampled; it then trains on the groups it has, or, with none, on the first batch as it came).
+
+Pure functions over batches (:func:`informative`, :func:`concat`) and one loop (:func:`fill`)
+that calls back into the trainer for each further batch.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import fields, replace
+
+import torch
+
+from toolgrpo.config.algorithm import FilterGroupsConfig
+from toolgrpo.trainer.batch import Batch
+from toolgrpo.trainer.rollout_stage import Rolled
+
+log = logging.getLogger(__name__)
+
+EPS = 1e-6  # scores closer than this count as equal
+
+
+def groups_by_uid(uids: Sequence[str]) -> list[list[int]]:
+    """Row indices of each GRPO group (rolled-back negatives share their parent's uid), in
+    first-seen order."""
+    groups: dict[str, list[int]] = {}
+    for i, u in enumerate(uids):
+        groups.setdefault(u, []).append(i)
+    return list(groups.values())
+
+
+def informative(batch: Batch) -> tuple[list[list[int]], int]:
+    """The groups whose scores differ (row indices each), and how many groups the batch holds."""
+    assert batch.scores_B is not None, "the batch is scored before it is filtered"
+    scores = batch.scores_B.tolist()
+    groups = groups_by_uid(batch.uids)
+    keep = [g for g in groups if max(scores[i] for i in g) - min(scores[i] for i in g) > EPS]
+    return keep, len(groups)
+
+
+def _pad(t: torch.Tensor, left: int, right: int, value: float) -> torch.Tensor:
+    return torch.nn.functional.pad(t, (left, right), value=value) if left or right else t
+
+
+def concat(batches: Sequence[Batch], pad_id: int) -> Batch:
+    """One batch of all rows: prompts left-padded to the widest prompt, responses right-padded
+    to the longest response (the layout of trainer/batch.py), lists joined."""
+    if len(batches) == 1:
+        return batches[0]
+    R = max(b.response_length for b in batches)
+    P = max(b.input_ids_BT.shape[1] - b.response_length for b in batches)
+    if len({b.old_source for b in batches}) > 1:
+        raise ValueError("batches whose old log-probs come from different sources")
+    out = {}
+    for f in fields(Batch):
+        vals = [getattr(b, f.name) for b in batches]
+        if f.name == "old_source":
+            continue
+        if all(v is None for v in vals):
+            out[f.name] = None
+        elif any(v is None for v in vals):
+            raise ValueError(f"{f.name} is set on some batches only")
+        elif isinstance(vals[0], torch.Tensor):
+            parts = []
+            for b, v in zip(batches, vals, strict=True):
+                r = b.response_length
+                if f.name.endswith("_BT"):  # [prompt | response]: pad each side to its width
+                    p = v.shape[1] - r
+                    value = pad_id if f.name == "input_ids_BT" else 0
+                    prompt, resp = v[:, :p], v[:, p:]
+                    v = torch.cat([_pad(prompt, P - p, 0, value), _pad(resp, 0, R - r, value)], 1)
+                elif f.name.endswith("_BR"):
+                    v = _pad(v, 0, R - r, 0)
+                parts.append(v)
+            out[f.name] = torch.cat(parts, 0)
+        else:  # per-row lists: every batch has them, or none does
+            sizes_match = all(len(v) == b.size for b, v in zip(batches, vals, strict=True))
+            if any(v for v in vals) and not sizes_match:
+                raise ValueError(f"{f.name} is kept on some batches only")
+            out[f.name] = [x for v in vals for x in v]
+    return replace(batches[0], **out)
+
+
+def merged_metrics(rounds: Sequence[Rolled]) -> tuple[dict[str, float], dict[str, float]]:
+    """The rollout metrics of every sampled batch, averaged over the batches (each holds the same
+    number of tasks), and their timings summed."""
+    keys = {k for r in rounds for k in r.metrics}
+    metrics = {}
+    for k in keys:
+        vals = [float(r.metrics[k]) for r in rounds if k in r.metrics]
+        metrics[k] = sum(vals) / len(vals)
+    timing: dict[str, float] = {}
+    for r in rounds:
+        for k, v in r.timing.items():
+            timing[k] = timing.get(k, 0.0) + v
+    return metrics, timing
+
+
+def fill(
+    sample: Callable[[int], Rolled], fg: FilterGroupsConfig, wanted: int, pad_id: int
+) -> Rolled:
+    """The step's batch: ``sample(k)`` rolls out the k-th batch of tasks (0 first). Without
+    ``fg.enable`` it is batch 0 as it came; with it, the first ``wanted`` groups whose scores
+    differ, over as many batches as it takes (at most ``fg.max_num_gen_batches`` when > 0)."""
+    rounds = [sample(0)]
+    if not fg.enable:
+        return rounds[0]
+    parts: list[Batch] = []
+    have = seen = useful = 0
+    while True:
+        batch = rounds[-1].batch
+        if batch is not None:
+            groups, total = informative(batch)
+            seen, useful = seen + total, useful + len(groups)
+            groups = groups[: wanted - have]
+            if groups:
+                parts.append(batch.select([i for g in groups for i in g]))
+                have += len(groups)
+        cap = fg.max_num_gen_batches
+        if have >= wanted or (cap > 0 and len(rounds) >= cap):
+            break
+        rounds.append(sample(len(rounds)))
+    if parts:
+        out = concat(parts, pad_id)
+    else:  # no group with signal: the first batch, as without the filter (none if it failed)
+        out = next((r.batch for r in rounds if r.batch is not None), None)
+    if have < wanted:
+        log.info(
+            "filter_groups: %d of %d groups with differing scores after %d batches",
+            have,
+            wanted,
+            len(rounds),
+        )
+    metrics, timing = merged_metrics(rounds)
+    metrics.update(
+        {
+            "filter_groups/num_gen_batches": float(len(rounds)),
+            "filter_groups/kept_groups": float(have),
+            "filter_groups/informative_frac": useful / seen if seen else 0.0,
+            "train/skipped_update": float(out is None),
+        }
+    )
+    return Rolled(out, metrics, timing, sum(r.nonfinite for r in rounds))
