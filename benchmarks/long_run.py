@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cli_runs import toolgrpo  # noqa: E402
 from kept import finder, keep_evals, keep_file, kept_dir, pin  # noqa: E402
-from main_job_seeds import RLLA_CONFIG, machine  # noqa: E402
+from main_job_seeds import RLLA_CONFIG, gain_fields, machine, train_run  # noqa: E402
 
 from toolgrpo.eval.paired import load_outcomes, load_single_turn, paired, paired_values  # noqa: E402
 
@@ -106,19 +106,6 @@ def score(work: Path, kept: Path, name: str, ck: Path | None, rlla: bool, log: P
     keep_evals(work, kept, [name])
 
 
-def train(run: Path, seed: int, total: int, log: Path) -> None:
-    if checkpoint(run, total) is None:  # resume: auto picks up a partial run
-        toolgrpo(
-            "train",
-            str(CONFIG),
-            f"trainer.seed={seed}",
-            f"trainer.output_dir={run}",
-            f"trainer.rollout_data_dir={run / 'rollout_data'}",
-            log=log,
-        )
-    assert checkpoint(run, total) is not None, f"{run} has no step-{total} checkpoint"
-
-
 def curve(metrics_jsonl: Path | None) -> list[dict]:
     """Per step of the run's metrics.jsonl: the :data:`STEP_KEYS` and :data:`VAL_KEYS` it has."""
     if metrics_jsonl is None:
@@ -143,18 +130,9 @@ def summarize(work: Path, steps: list[int], kept: Path | None = None) -> dict:
         if env is None:
             continue
         after = load_outcomes(env)
-        p = paired(before, after, "accuracy")
-        a = p["all"]
-        row = {
-            "step": step,
-            "accuracy": 100 * a["after"],
-            "gain": 100 * a["diff"],
-            "se": 100 * a["diff_se_paired"],
-            "z": a["z"],
-            "up": a["up"],
-            "down": a["down"],
-            "by_type": {k: 100 * v["diff"] for k, v in p.items() if k != "all"},
-        }
+        g = gain_fields(paired(before, after, "accuracy"))
+        row = {"step": step, "accuracy": g.pop("after"), **g}
+        del row["before"]  # the warm start's, in ``warm_start``
         if at_main is not None and step != MAIN_JOB_STEPS:
             m = paired(at_main, after, "accuracy")["all"]
             row["vs_main_job"] = {
@@ -273,7 +251,7 @@ def main(argv: list[str]) -> None:
         run = args.run or work / f"seed_{args.seed}"
         score(work, kept, env_name("warmstart"), None, False, log)
         score(work, kept, rlla_name("warmstart"), None, True, log)
-        train(run, args.seed, total, log)
+        train_run(run, CONFIG, args.seed, total, [], log)
         keep_file(run / "metrics.jsonl", kept / "metrics.jsonl", (*STEP_KEYS, *VAL_KEYS))
         for step in steps:  # the main job's length first: every later one is paired with it
             ck = checkpoint(run, step)

@@ -88,21 +88,41 @@ def evaluate(work: Path, kept: Path, name: str, checkpoint: Path | None, log: Pa
     keep_evals(work, kept, (env, rlla))
 
 
-def run_seed(work: Path, seed: int, extra: list[str], log: Path) -> Path:
-    run = work / f"seed_{seed}"
-    if final_checkpoint(run) is None:  # resume: auto picks up a partial run
+def train_run(run: Path, config: Path, seed: int, steps: int, extra: list[str], log: Path) -> Path:
+    """``toolgrpo train config`` with ``seed`` into ``run`` unless its step-``steps``
+    checkpoint is there (``resume: auto`` picks up a partial run); that checkpoint."""
+    ck = run / "checkpoints" / f"global_step_{steps}"
+    if not (ck / "trainer_state.json").is_file():
         toolgrpo(
             "train",
-            str(CONFIG),
+            str(config),
             f"trainer.seed={seed}",
             f"trainer.output_dir={run}",
             f"trainer.rollout_data_dir={run / 'rollout_data'}",
             *extra,
             log=log,
         )
-    ck = final_checkpoint(run)
-    assert ck is not None, f"{run} has no step-{STEPS} checkpoint"
+    assert (ck / "trainer_state.json").is_file(), f"{run} has no step-{steps} checkpoint"
     return ck
+
+
+def run_seed(work: Path, seed: int, extra: list[str], log: Path) -> Path:
+    return train_run(work / f"seed_{seed}", CONFIG, seed, STEPS, extra, log)
+
+
+def gain_fields(p: dict) -> dict:
+    """A paired held-out comparison (``paired(...)``) as a result row's fields, in points."""
+    a = p["all"]
+    return {
+        "gain": 100 * a["diff"],
+        "se": 100 * a["diff_se_paired"],
+        "z": a["z"],
+        "before": 100 * a["before"],
+        "after": 100 * a["after"],
+        "up": a["up"],
+        "down": a["down"],
+        "by_type": {k: 100 * v["diff"] for k, v in p.items() if k != "all"},
+    }
 
 
 def metrics_name(seed: int) -> str:
@@ -174,18 +194,10 @@ def summarize(work: Path, seeds: list[int], kept: Path | None = None) -> dict:
         after = load_outcomes(env)
         p = paired(before, after, "accuracy")
         r = paired_values(rlla_before, load_single_turn(rlla))
-        a = p["all"]
         rows.append(
             {
                 "seed": s,
-                "gain": 100 * a["diff"],
-                "se": 100 * a["diff_se_paired"],
-                "z": a["z"],
-                "before": 100 * a["before"],
-                "after": 100 * a["after"],
-                "up": a["up"],
-                "down": a["down"],
-                "by_type": {k: 100 * v["diff"] for k, v in p.items() if k != "all"},
+                **gain_fields(p),
                 "rlla_before": r["before"],
                 "rlla_after": r["after"],
                 "rlla_diff": r["diff"],
