@@ -43,6 +43,10 @@ def test_a_group_carries_signal_when_its_scores_differ_negatives_included():
     b.is_negative = [False] * 6 + [True]  # a's rolled-back failure scored 0: a has signal now
     groups, total = informative(b)
     assert total == 3 and groups == [[0, 1, 6], [2, 3]]
+    b.scores_B[6] = 2.0  # a negative above its group gets advantage 0: no signal then
+    assert informative(b)[0] == [[2, 3]]
+    b = _batch(["a", "b", "b"], [1.0, 0.0, 0.0])  # a singleton (its sibling's env failed): as verl
+    assert informative(b)[0] == []
 
 
 def test_concat_of_batches_of_different_widths_is_the_batch_of_all_rows():

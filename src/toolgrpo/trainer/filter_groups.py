@@ -1,8 +1,9 @@
 """Dynamic sampling (DAPO; verl's ``algorithm.filter_groups``): a GRPO group whose samples all
-score the same has zero advantage everywhere, so it costs an update's compute and teaches
-nothing. With it on, a step keeps only groups whose scores differ and samples further batches
-of tasks until ``data.train_batch_size`` such groups are in (or ``max_num_gen_batches`` batches
-were sampled; it then trains on the groups it has, or, with none, on the first batch as it came).
+score the same (and whose rolled-back failures, if any, score no lower) has zero advantage
+everywhere, so it costs an update's compute and teaches nothing. With it on, a step keeps only
+groups with signal and samples further batches of tasks until ``data.train_batch_size`` such
+groups are in (or ``max_num_gen_batches`` batches were sampled; it then trains on the groups it
+has, or, with none, on the first batch as it came).
 
 Pure functions over batches (:func:`informative`, :func:`concat`) and one loop (:func:`fill`)
 that calls back into the trainer for each further batch.
@@ -34,12 +35,28 @@ def groups_by_uid(uids: Sequence[str]) -> list[list[int]]:
     return list(groups.values())
 
 
+def has_signal(scores: Sequence[float], negative: Sequence[bool]) -> bool:
+    """Whether a group's advantages are not all 0: its real members' scores differ, or a
+    rolled-back negative scores below their mean (the estimators give a negative
+    min(0, s - mean of the real members) and leave it out of the baseline). A lone real member
+    (its siblings' environments failed) has no spread: no signal, as in verl."""
+    real = [s for s, neg in zip(scores, negative, strict=True) if not neg]
+    if len(real) >= 2 and max(real) - min(real) > EPS:
+        return True
+    mean = sum(real) / len(real) if real else 0.0
+    return bool(real) and any(
+        s < mean - EPS for s, neg in zip(scores, negative, strict=True) if neg
+    )
+
+
 def informative(batch: Batch) -> tuple[list[list[int]], int]:
-    """The groups whose scores differ (row indices each), and how many groups the batch holds."""
+    """The groups with signal (:func:`has_signal`; row indices each), and how many groups the
+    batch holds."""
     assert batch.scores_B is not None, "the batch is scored before it is filtered"
     scores = batch.scores_B.tolist()
+    flags = batch.is_negative or [False] * batch.size
     groups = groups_by_uid(batch.uids)
-    keep = [g for g in groups if max(scores[i] for i in g) - min(scores[i] for i in g) > EPS]
+    keep = [g for g in groups if has_signal([scores[i] for i in g], [flags[i] for i in g])]
     return keep, len(groups)
 
 
