@@ -184,3 +184,31 @@ def test_a_run_trains_only_on_groups_with_signal_and_dumps_every_batch(
         assert len(dumped) == 4 * n_batches  # 2 tasks x n=2 per batch, every batch kept
         assert {json.loads(x)["step"] for x in dumped} == {r["step"]}
     assert max(r["filter_groups/num_gen_batches"] for r in recs) > 1
+
+
+def test_multi_turn_episodes_are_filtered_and_dumped_batch_after_batch(make_train_config, tmp_path):
+    out = tmp_path / "mt"
+    cfg = make_train_config(
+        steps=1,
+        out=out,
+        **{
+            "actor_rollout_ref.rollout.multi_turn.enable": "true",
+            "algorithm.filter_groups.enable": "true",
+            "algorithm.filter_groups.max_num_gen_batches": 3,
+            "trainer.rollout_data_dir": str(out / "dumps"),
+            "trainer.save_freq": -1,
+        },
+    )
+    t = Trainer(cfg)
+    trained = []
+    orig = t.actor.update
+    t.actor.update = lambda b: (trained.append(b), orig(b))[1]
+    t.fit()
+    (r,) = read_metrics(out)
+    n = int(r["filter_groups/num_gen_batches"])
+    kept = int(r["filter_groups/kept_groups"])
+    assert 1 <= n <= 3 and (kept == 2 or n == 3)  # stopped with enough groups, or at the cap
+    dumped = [json.loads(x) for x in (out / "dumps" / "1.jsonl").read_text().splitlines()]
+    assert len(dumped) == 4 * n and len({d["uid"] for d in dumped}) == 2 * n
+    (b,) = trained
+    assert len(informative(b)[0]) == kept and r["episode/rlla/turns/mean"] == 1.0
