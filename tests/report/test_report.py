@@ -53,3 +53,17 @@ def test_report_without_dumps_says_how_to_get_them(tmp_path):
     (run / "metrics.jsonl").write_text('{"step": 1, "reward/mean": 0.5}\n')
     page = write_report(run).read_text()
     assert "trainer.rollout_data_dir" in page and embedded(page) == {}
+
+
+def test_groups_with_signal_get_a_panel_when_logged(tmp_path):
+    from toolgrpo.report.plots import metric_svgs
+
+    recs = [{"step": 1, "reward/mean": 0.5}]
+    assert "Groups with signal" not in [t for t, _, _ in metric_svgs(recs)]
+    recs = [{"step": s, "reward/groups_all_equal_frac": 0.5, "filter_groups/informative_frac": 0.4}
+            for s in (1, 2)]  # fmt: skip
+    panels = {t: keys for t, keys, _ in metric_svgs(recs)}
+    assert panels["Groups with signal"] == [
+        "reward/groups_all_equal_frac",
+        "filter_groups/informative_frac",
+    ]

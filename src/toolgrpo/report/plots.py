@@ -21,6 +21,11 @@ PANELS: tuple[tuple[str, tuple[str, ...] | str, bool], ...] = (
         ),
         False,
     ),
+    (
+        "Groups with signal",
+        ("reward/groups_all_equal_frac", "filter_groups/informative_frac"),
+        False,
+    ),
     ("Router: λ and cost", ("router/lambda", "router/cost/mean", "router/budget"), False),
     (
         "Importance weights and clipping",
