@@ -47,9 +47,19 @@ def _run(make_train_config, out: Path, seed: int, **extra) -> tuple[list[dict], 
     return metrics, trainer.policy.model.state_dict(), episodes
 
 
-@pytest.mark.parametrize("multi_turn", [False, True])
-def test_same_seed_repeats_and_another_seed_does_not(make_train_config, tmp_path, multi_turn):
-    extra = {"actor_rollout_ref.rollout.multi_turn.enable": "true"} if multi_turn else {}
+FILTER = {
+    "algorithm.filter_groups.enable": "true",
+    "algorithm.filter_groups.max_num_gen_batches": 3,
+}
+
+
+@pytest.mark.parametrize("setting", ["single_turn", "multi_turn", "filter_groups"])
+def test_same_seed_repeats_and_another_seed_does_not(make_train_config, tmp_path, setting):
+    extra = (
+        {"actor_rollout_ref.rollout.multi_turn.enable": "true"} if setting == "multi_turn" else {}
+    )
+    if setting == "filter_groups":  # dynamic sampling: each further batch seeded too
+        extra = FILTER
     m1, w1, e1 = _run(make_train_config, tmp_path / "a", 7, **extra)
     m2, w2, e2 = _run(make_train_config, tmp_path / "b", 7, **extra)
     m3, _, e3 = _run(make_train_config, tmp_path / "c", 8, **extra)
