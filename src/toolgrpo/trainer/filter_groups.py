@@ -122,8 +122,9 @@ def fill(
     sample: Callable[[int], Rolled], fg: FilterGroupsConfig, wanted: int, pad_id: int
 ) -> Rolled:
     """The step's batch: ``sample(k)`` rolls out the k-th batch of tasks (0 first). Without
-    ``fg.enable`` it is batch 0 as it came; with it, the first ``wanted`` groups whose scores
-    differ, over as many batches as it takes (at most ``fg.max_num_gen_batches`` when > 0)."""
+    ``fg.enable`` it is batch 0 as it came; with it, the first ``wanted`` groups with signal
+    (:func:`has_signal`), over as many batches as it takes (at most ``fg.max_num_gen_batches``
+    when > 0)."""
     rounds = [sample(0)]
     if not fg.enable:
         return rounds[0]
@@ -148,7 +149,7 @@ def fill(
         out = next((r.batch for r in rounds if r.batch is not None), None)
     if have < wanted:
         log.info(
-            "filter_groups: %d of %d groups with differing scores after %d batches",
+            "filter_groups: %d of %d groups with signal after %d batches",
             have,
             wanted,
             len(rounds),
