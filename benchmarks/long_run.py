@@ -255,7 +255,9 @@ def main(argv: list[str]) -> None:
         keep_file(run / "metrics.jsonl", kept / "metrics.jsonl", (*STEP_KEYS, *VAL_KEYS))
         for step in steps:  # the main job's length first: every later one is paired with it
             ck = checkpoint(run, step)
-            assert ck is not None, f"{run} has no step-{step} checkpoint"
+            if ck is None:  # a run with trainer.max_checkpoints > 0 kept only its last ones
+                print(f"{run} kept no step-{step} checkpoint: its in-training validation stands")
+                continue
             score(work, kept, env_name(f"step_{step}"), ck, False, log)
             if step in rlla_steps(total, args.rlla_every):
                 score(work, kept, rlla_name(f"step_{step}"), ck, True, log)
