@@ -31,10 +31,10 @@ def _run(world: int, args: tuple, result: str) -> None:
     rank = int(os.environ["RANK"])
     real = Trainer.produce
 
-    def produce(self, step, indices, generator=None):
+    def produce(self, step, indices, generator=None, k=0):
         if step == FAIL_AT:
             raise ValueError(f"rollout of step {step} broke")
-        return real(self, step, indices, generator)
+        return real(self, step, indices, generator, k)
 
     Trainer.produce = produce  # a spawned process: nothing to undo
     *paths, asynchronous = args

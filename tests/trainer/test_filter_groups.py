@@ -152,19 +152,17 @@ def _half_flat(task, text, step, flags):
     return Score(v, 0.0, v, 0.0, False, False)
 
 
-def test_a_run_trains_only_on_groups_with_signal_and_dumps_every_batch(
-    make_train_config, tmp_path, monkeypatch
-):
-    monkeypatch.setattr(rollout_stage, "score", _half_flat)
-    out = tmp_path / "dyn"
+def _run(make_train_config, out, steps: int, cap: int, **extra) -> tuple[list, list[dict]]:
+    """A tiny run with dynamic sampling and dumps: the batches it trained and its metrics."""
     cfg = make_train_config(
-        steps=2,
+        steps=steps,
         out=out,
         **{
             "algorithm.filter_groups.enable": "true",
-            "algorithm.filter_groups.max_num_gen_batches": 0,
+            "algorithm.filter_groups.max_num_gen_batches": cap,
             "trainer.rollout_data_dir": str(out / "dumps"),
             "trainer.save_freq": -1,
+            **extra,
         },
     )
     t = Trainer(cfg)
@@ -172,10 +170,18 @@ def test_a_run_trains_only_on_groups_with_signal_and_dumps_every_batch(
     orig = t.actor.update
     t.actor.update = lambda b: (trained.append(b), orig(b))[1]
     t.fit()
+    return trained, read_metrics(out)
+
+
+def test_a_run_trains_only_on_groups_with_signal_and_dumps_every_batch(
+    make_train_config, tmp_path, monkeypatch
+):
+    monkeypatch.setattr(rollout_stage, "score", _half_flat)
+    out = tmp_path / "dyn"
+    trained, recs = _run(make_train_config, out, 2, 0)
     for b in trained:
         groups, total = informative(b)
         assert total == 2 and len(groups) == 2  # train_batch_size groups, each with signal
-    recs = read_metrics(out)
     for r in recs:
         assert r["filter_groups/kept_groups"] == 2
         assert r["reward/groups_all_equal_frac"] == 0.0
@@ -188,23 +194,8 @@ def test_a_run_trains_only_on_groups_with_signal_and_dumps_every_batch(
 
 def test_multi_turn_episodes_are_filtered_and_dumped_batch_after_batch(make_train_config, tmp_path):
     out = tmp_path / "mt"
-    cfg = make_train_config(
-        steps=1,
-        out=out,
-        **{
-            "actor_rollout_ref.rollout.multi_turn.enable": "true",
-            "algorithm.filter_groups.enable": "true",
-            "algorithm.filter_groups.max_num_gen_batches": 3,
-            "trainer.rollout_data_dir": str(out / "dumps"),
-            "trainer.save_freq": -1,
-        },
-    )
-    t = Trainer(cfg)
-    trained = []
-    orig = t.actor.update
-    t.actor.update = lambda b: (trained.append(b), orig(b))[1]
-    t.fit()
-    (r,) = read_metrics(out)
+    mt = {"actor_rollout_ref.rollout.multi_turn.enable": "true"}
+    trained, (r,) = _run(make_train_config, out, 1, 3, **mt)
     n = int(r["filter_groups/num_gen_batches"])
     kept = int(r["filter_groups/kept_groups"])
     assert 1 <= n <= 3 and (kept == 2 or n == 3)  # stopped with enough groups, or at the cap
