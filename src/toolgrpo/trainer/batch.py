@@ -126,12 +126,18 @@ def collate_rows(rows: Sequence[Row], uids: Sequence[str], pad_id: int) -> Batch
     return Batch(ids, attn, resp_mask, lps, uids=list(uids))
 
 
-def minibatch_indices(uids: Sequence[str], groups_per_minibatch: int) -> list[list[int]]:
-    """Split row indices into mini-batches of whole GRPO groups (a group never straddles two)."""
+def uid_groups(uids: Sequence[str]) -> list[list[int]]:
+    """Row indices of each GRPO group (rows sharing a uid; rolled-back negatives share their
+    parent's), in first-seen order."""
     order: dict[str, list[int]] = {}
     for i, u in enumerate(uids):
         order.setdefault(u, []).append(i)
-    groups = list(order.values())
+    return list(order.values())
+
+
+def minibatch_indices(uids: Sequence[str], groups_per_minibatch: int) -> list[list[int]]:
+    """Split row indices into mini-batches of whole GRPO groups (a group never straddles two)."""
+    groups = uid_groups(uids)
     step = max(1, groups_per_minibatch)
     return [sum(groups[s : s + step], []) for s in range(0, len(groups), step)]
 

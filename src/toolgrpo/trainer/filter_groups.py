@@ -18,21 +18,12 @@ from dataclasses import fields, replace
 import torch
 
 from toolgrpo.config.algorithm import FilterGroupsConfig
-from toolgrpo.trainer.batch import Batch
+from toolgrpo.trainer.batch import Batch, uid_groups
 from toolgrpo.trainer.rollout_stage import Rolled
 
 log = logging.getLogger(__name__)
 
 EPS = 1e-6  # scores closer than this count as equal
-
-
-def groups_by_uid(uids: Sequence[str]) -> list[list[int]]:
-    """Row indices of each GRPO group (rolled-back negatives share their parent's uid), in
-    first-seen order."""
-    groups: dict[str, list[int]] = {}
-    for i, u in enumerate(uids):
-        groups.setdefault(u, []).append(i)
-    return list(groups.values())
 
 
 def has_signal(scores: Sequence[float], negative: Sequence[bool]) -> bool:
@@ -55,7 +46,7 @@ def informative(batch: Batch) -> tuple[list[list[int]], int]:
     assert batch.scores_B is not None, "the batch is scored before it is filtered"
     scores = batch.scores_B.tolist()
     flags = batch.is_negative or [False] * batch.size
-    groups = groups_by_uid(batch.uids)
+    groups = uid_groups(batch.uids)
     keep = [g for g in groups if has_signal([scores[i] for i in g], [flags[i] for i in g])]
     return keep, len(groups)
 
