@@ -97,6 +97,8 @@ def arm_overrides(arm: str, steps: int) -> list[str]:
         "trainer.val_before_train=false",
         "trainer.test_freq=-1",
         "trainer.rollout_data_samples_per_step=-1",  # every episode: the SFT arm reads them
+        # one batch a step, as the runs here were made (the mixture refuses dynamic sampling)
+        "algorithm.filter_groups.enable=false",
     ]
     fixed = [f"rollout_only.model_path={TEACHER}"]
     if arm == "actor_only":

@@ -100,6 +100,7 @@ def train_args(arm: str, seed: int, run: Path, steps: int, extra: list[str]) -> 
         "trainer.val_before_train=false",
         "trainer.test_freq=-1",
         "trainer.logger=[console,jsonl]",
+        "algorithm.filter_groups.enable=false",  # one batch a step, as these arms were run
         f"trainer.seed={seed}",
         f"trainer.output_dir={run}",
         f"trainer.rollout_data_dir={run / 'rollout_data'}",
