@@ -11,7 +11,7 @@ warm start. Finished pieces are reused, so an interrupted run resumes where it s
 also kept in git, in ``benchmarks/results/<out>_kept/``: a later checkout reuses a kept seed
 without training or evaluating it again, and ``--report`` works from the kept copies alone.
 
-    python benchmarks/main_job_seeds.py --seeds 0 1 2            # ~35 min a seed on 2 cores
+    python benchmarks/main_job_seeds.py --seeds 0 1 2            # ~30 min a seed on 2 cores
     python benchmarks/main_job_seeds.py --seeds 0 1 2 --report   # only re-read what is there
 
 Writes ``benchmarks/results/main_job_seeds.json`` (+ ``.png``): per seed ``seed``, ``gain``,
