@@ -9,6 +9,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+# The main job samples dynamically; a benchmark whose runs were made one batch a step, or whose
+# system refuses dynamic sampling (the mixture), trains with this override.
+ONE_BATCH = "algorithm.filter_groups.enable=false"
 
 
 def toolgrpo(*args: str, log: Path) -> None:

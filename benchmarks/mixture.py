@@ -45,12 +45,11 @@ from rich.table import Table  # noqa: E402
 from toolgrpo.eval.paired import format_rows, load_outcomes, paired  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cli_runs import cpu_flags  # noqa: E402
+from cli_runs import ONE_BATCH, cpu_flags  # noqa: E402
 from cli_runs import run_timed as _run  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "configs" / "agent_smollm2_grpo.yaml"
-NO_FILTER = "algorithm.filter_groups.enable=false"  # the main job samples dynamically
 CLI = [sys.executable, "-m", "toolgrpo.cli"]
 TASK_TYPES = ("calculator", "search", "direct")
 WARM_START = "warm_start"  # the config's model, step 0 of every run
@@ -257,8 +256,7 @@ def main(argv: list[str]) -> None:
         ap.error(f"unknown run(s) {unknown}; known: {', '.join(RUNS)}")
     work = args.work
     work.mkdir(parents=True, exist_ok=True)
-    # The mixture's groups are bound to the batch they were sampled in: no dynamic sampling.
-    common = [f"trainer.total_training_steps={args.steps}", "trainer.resume=disable", NO_FILTER]
+    common = [f"trainer.total_training_steps={args.steps}", "trainer.resume=disable", ONE_BATCH]
     common += ["trainer.overwrite_output_dir=true", "trainer.logger=[jsonl]", *extra]
     # actor_only's last policy as base + its LoRA adapter: the same weights as the checkpoint's
     # merged model/, on the base the actor's vLLM engine already serves.

@@ -57,7 +57,7 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from behaviour import arm_behaviour, eval_behaviour  # noqa: E402
-from cli_runs import toolgrpo  # noqa: E402
+from cli_runs import ONE_BATCH, toolgrpo  # noqa: E402
 from kept import finder, keep_evals, keep_file, kept_dir, pin, write_atomic  # noqa: E402
 from main_job_seeds import machine  # noqa: E402
 
@@ -84,8 +84,7 @@ METRIC_KEYS = (
 
 
 def steps_of(arm: str, steps: int) -> int:
-    """Training steps of an RL arm: ``design_is`` doubles them (half its steps are the fixed
-    policy's), so every arm draws as many actor samples."""
+    """An RL arm's steps: ``design_is`` doubles them (half of them are the fixed policy's)."""
     return 2 * steps if arm == "design_is" else steps
 
 
@@ -97,8 +96,7 @@ def arm_overrides(arm: str, steps: int) -> list[str]:
         "trainer.val_before_train=false",
         "trainer.test_freq=-1",
         "trainer.rollout_data_samples_per_step=-1",  # every episode: the SFT arm reads them
-        # one batch a step, as the runs here were made (the mixture refuses dynamic sampling)
-        "algorithm.filter_groups.enable=false",
+        ONE_BATCH,  # the mixture refuses dynamic sampling
     ]
     fixed = [f"rollout_only.model_path={TEACHER}"]
     if arm == "actor_only":

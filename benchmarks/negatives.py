@@ -40,7 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cli_runs import toolgrpo  # noqa: E402
+from cli_runs import ONE_BATCH, toolgrpo  # noqa: E402
 from kept import finder, keep_evals, keep_file, kept_dir, pin, step_means, training_steps  # noqa: E402
 from main_job_seeds import machine  # noqa: E402
 
@@ -100,7 +100,7 @@ def train_args(arm: str, seed: int, run: Path, steps: int, extra: list[str]) -> 
         "trainer.val_before_train=false",
         "trainer.test_freq=-1",
         "trainer.logger=[console,jsonl]",
-        "algorithm.filter_groups.enable=false",  # one batch a step, as these arms were run
+        ONE_BATCH,  # as these arms were run
         f"trainer.seed={seed}",
         f"trainer.output_dir={run}",
         f"trainer.rollout_data_dir={run / 'rollout_data'}",
