@@ -39,7 +39,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cli_runs import cpu_flags, toolgrpo  # noqa: E402
 from kept import finder, keep_evals, keep_file, kept_dir, pin, step_means  # noqa: E402
 
-from toolgrpo.eval.paired import load_outcomes, load_single_turn, paired, paired_values  # noqa: E402
+from toolgrpo.eval.paired import (  # noqa: E402
+    load_outcomes,
+    load_parts,
+    load_single_turn,
+    paired,
+    paired_values,
+)
 
 CONFIG = ROOT / "configs" / "agent_smollm2_grpo.yaml"
 RLLA_CONFIG = ROOT / "configs" / "grpo_smollm2_rlla.yaml"
@@ -65,9 +71,14 @@ def final_checkpoint(run: Path) -> Path | None:
     return ck if (ck / "trainer_state.json").is_file() else None
 
 
-def eval_names(name: str) -> tuple[str, str]:
-    """The held-out env eval and the RLLA eval of ``warmstart`` or ``seed_<s>``."""
-    return f"eval_env_{name}.json", f"eval_rlla_{name}.json"
+SCHEMAS = "schemas:test"  # calls to functions no training task shows, both prompt styles
+SCHEMA_MEASURES = ("format_valid", "correct")
+
+
+def eval_names(name: str) -> tuple[str, str, str]:
+    """The held-out env eval, the RLLA eval and the unseen-tools eval of ``warmstart`` or
+    ``seed_<s>``."""
+    return f"eval_env_{name}.json", f"eval_rlla_{name}.json", f"eval_schemas_{name}.json"
 
 
 def evaluated(work: Path, kept: Path | None, name: str) -> bool:
@@ -80,12 +91,17 @@ def evaluate(work: Path, kept: Path, name: str, checkpoint: Path | None, log: Pa
     """Held-out env eval (300 tasks, every episode kept) and RLLA test eval (80 tasks), each
     run unless found in ``work`` or ``kept``, and kept."""
     ck = ["--checkpoint", str(checkpoint)] if checkpoint else []
-    env, rlla = eval_names(name)
-    for rel, samples, config in ((env, "100", CONFIG), (rlla, "80", RLLA_CONFIG)):
+    env, rlla, schemas = eval_names(name)
+    runs = (
+        (env, "100", [str(CONFIG)]),
+        (rlla, "80", [str(RLLA_CONFIG)]),
+        (schemas, "240", [str(CONFIG), f"data.val_files=[{SCHEMAS}]"]),
+    )
+    for rel, samples, config in runs:
         if finder(work, kept)(rel) is None:
             out = str(work / rel)
-            toolgrpo("eval", *ck, "--samples", samples, "--output", out, str(config), log=log)
-    keep_evals(work, kept, (env, rlla))
+            toolgrpo("eval", *ck, "--samples", samples, "--output", out, *config, log=log)
+    keep_evals(work, kept, (env, rlla, schemas))
 
 
 def train_run(run: Path, config: Path, seed: int, steps: int, extra: list[str], log: Path) -> Path:
@@ -178,18 +194,66 @@ def two_way_se(cells: list[list[float]]) -> float:
     return math.sqrt(var / (s * t))
 
 
+def schema_fields(before: Path, after: Path, cells: dict[str, dict[str, list[float]]]) -> dict:
+    """The unseen-tools eval before and after, per measure (percent of the 480 answers: 240
+    items in each prompt style), paired by task, with each style's own row; ``cells`` gathers
+    each task's difference for the pooled SE."""
+    out: dict = {"schemas_before": {}, "schemas_after": {}, "schemas_diff": {}, "schemas_se": {}}
+    by_style: dict = {}
+    for m in SCHEMA_MEASURES:
+        b, a = load_parts(before, m), load_parts(after, m)
+        p = paired_values({t: v for t, (_, v) in b.items()}, {t: v for t, (_, v) in a.items()})
+        out["schemas_before"][m] = 100 * p["before"]
+        out["schemas_after"][m] = 100 * p["after"]
+        out["schemas_diff"][m] = 100 * p["diff"]
+        out["schemas_se"][m] = 100 * p["diff_se_paired"]
+        for style in sorted({k for k, _ in b.values()}):
+            ids = [t for t, (k, _) in b.items() if k == style]
+            q = paired_values({t: b[t][1] for t in ids}, {t: a[t][1] for t in ids if t in a})
+            by_style.setdefault(style, {})[m] = {
+                "before": 100 * q["before"],
+                "after": 100 * q["after"],
+                "diff": 100 * q["diff"],
+                "se": 100 * q["diff_se_paired"],
+            }
+        for t in b.keys() & a.keys():
+            cells[m].setdefault(t, []).append(a[t][1] - b[t][1])
+    out["schemas_by_style"] = by_style
+    return out
+
+
+def pooled_schemas(rows: list[dict], cells: dict[str, dict[str, list[float]]]) -> dict:
+    """Pooled unseen-tools differences over seeds: mean and crossed tasks x seeds SE."""
+    out: dict = {"schemas_diff": {}, "schemas_se": {}, "schemas_z": {}}
+    for m, per_task in cells.items():
+        full = [v for v in per_task.values() if len(v) == len(rows)]
+        if not full:
+            continue
+        mean = 100 * fmean(fmean(v) for v in full)
+        if len(rows) > 1:
+            se = 100 * two_way_se(full)
+        else:
+            se = 100 * stdev(v[0] for v in full) / math.sqrt(len(full))
+        out["schemas_diff"][m], out["schemas_se"][m] = mean, se
+        out["schemas_z"][m] = mean / se if se > 0 else float("nan")
+    out["schemas_before"] = {m: fmean(r["schemas_before"][m] for r in rows) for m in cells}
+    out["schemas_after"] = {m: fmean(r["schemas_after"][m] for r in rows) for m in cells}
+    return out
+
+
 def summarize(work: Path, seeds: list[int], kept: Path | None = None) -> dict:
     """The result from the evals in ``work``, or kept in ``kept`` (seeds without both evals
     left out)."""
     at = finder(work, kept)
-    base_env, base_rlla = (at(n) for n in eval_names("warmstart"))
-    assert base_env and base_rlla, f"{work} (and {kept}) hold no warm-start evals"
+    base_env, base_rlla, base_schemas = (at(n) for n in eval_names("warmstart"))
+    assert base_env and base_rlla and base_schemas, f"{work} (and {kept}) lack warm-start evals"
     before = load_outcomes(base_env)
     rlla_before = load_single_turn(base_rlla)
     rows, per_task = [], {}
+    schema_cells: dict[str, dict[str, list[float]]] = {m: {} for m in SCHEMA_MEASURES}
     for s in seeds:
-        env, rlla = (at(n) for n in eval_names(f"seed_{s}"))
-        if env is None or rlla is None:
+        env, rlla, schemas = (at(n) for n in eval_names(f"seed_{s}"))
+        if env is None or rlla is None or schemas is None:
             continue
         after = load_outcomes(env)
         p = paired(before, after, "accuracy")
@@ -203,6 +267,7 @@ def summarize(work: Path, seeds: list[int], kept: Path | None = None) -> dict:
                 "rlla_diff": r["diff"],
                 "rlla_se": r["diff_se_paired"],
                 "rlla_z": r["z"],
+                **schema_fields(base_schemas, schemas, schema_cells),
                 "training": training(at(metrics_name(s))),
             }
         )
@@ -244,6 +309,7 @@ def summarize(work: Path, seeds: list[int], kept: Path | None = None) -> dict:
                 if len(rows) > 1
                 else None
             ),
+            **pooled_schemas(rows, schema_cells),
         }
     out["machine"] = machine()
     return out
@@ -312,7 +378,11 @@ def write(result: dict, out: Path) -> None:
         print(
             f"seed {r['seed']}: {r['before']:.1f} -> {r['after']:.1f} %, gain {r['gain']:+.1f} "
             f"± {r['se']:.1f} (z {r['z']:.1f}); RLLA reward {r['rlla_before']:.3f} -> "
-            f"{r['rlla_after']:.3f} ({r['rlla_diff']:+.3f} ± {r['rlla_se']:.3f})"
+            f"{r['rlla_after']:.3f} ({r['rlla_diff']:+.3f} ± {r['rlla_se']:.3f}); unseen tools "
+            + ", ".join(
+                f"{m} {r['schemas_before'][m]:.1f} -> {r['schemas_after'][m]:.1f} %"
+                for m in SCHEMA_MEASURES
+            )
         )
     if "pooled" in result:
         p = result["pooled"]

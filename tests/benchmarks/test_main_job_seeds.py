@@ -44,7 +44,51 @@ def _rlla(path: Path, totals: list[float], talk: bool = False) -> None:
     path.write_text(json.dumps({"num_tasks": len(totals), "samples": samples}))
 
 
+def _schemas(path: Path, valid: set[int], correct: set[int], n: int = 8) -> None:
+    samples = [
+        {
+            "task_id": f"s{i}",
+            "task_type": ("schemas", "schemas_rlla")[i % 2],
+            "reward": 1.0 if i in correct else 0.25 * (i in valid),
+            "reward_parts": {"format_valid": float(i in valid), "correct": float(i in correct)},
+        }
+        for i in range(n)
+    ]
+    path.write_text(json.dumps({"num_episodes": n, "samples": samples}))
+
+
+def _all_schemas(d: Path) -> None:
+    _schemas(d / "eval_schemas_warmstart.json", {0, 1, 2, 3, 4, 5}, {0, 1})
+    _schemas(d / "eval_schemas_seed_0.json", {0, 1, 2}, {0})  # lost 3 valid, 1 correct
+    _schemas(d / "eval_schemas_seed_1.json", {0, 1, 2, 3, 4, 5, 6}, {0, 1, 6})
+
+
+def test_the_unseen_tools_eval_is_paired_per_seed_per_style_and_pooled(tmp_path):
+    _env(tmp_path / "eval_env_warmstart.json", {0, 1})
+    for s in (0, 1):
+        _env(tmp_path / f"eval_env_seed_{s}.json", {0, 1})
+        _rlla(tmp_path / f"eval_rlla_seed_{s}.json", [0.0])
+    _rlla(tmp_path / "eval_rlla_warmstart.json", [0.0])
+    _all_schemas(tmp_path)
+    out = summarize(tmp_path, [0, 1])
+    s0, s1 = out["seeds"]
+    assert s0["schemas_before"] == {"format_valid": 75.0, "correct": 25.0}
+    assert s0["schemas_after"] == {"format_valid": 37.5, "correct": 12.5}
+    assert s0["schemas_diff"] == {"format_valid": -37.5, "correct": -12.5}
+    assert s1["schemas_diff"] == {"format_valid": 12.5, "correct": 12.5}
+    # per style: even ids are native (0, 2, 4, 6), odd ones RLLA
+    assert s0["schemas_by_style"]["schemas"]["format_valid"]["diff"] == -25.0
+    assert s0["schemas_by_style"]["schemas_rlla"]["format_valid"]["diff"] == -50.0
+    sd = stdev([0, 0, 0, -1.0, -1.0, -1.0, 0, 0]) * 100 / math.sqrt(8)
+    assert math.isclose(s0["schemas_se"]["format_valid"], sd)
+    p = out["pooled"]
+    assert math.isclose(p["schemas_diff"]["format_valid"], -12.5)
+    assert math.isclose(p["schemas_diff"]["correct"], 0.0)
+    assert p["schemas_se"]["format_valid"] > 0 and p["schemas_before"]["correct"] == 25.0
+
+
 def test_gains_are_paired_by_task_and_the_pooled_se_adds_both_sources(tmp_path):
+    _all_schemas(tmp_path)
     _env(tmp_path / "eval_env_warmstart.json", {0, 1, 2, 3})
     _env(tmp_path / "eval_env_seed_0.json", {0, 1, 2, 3, 4, 5, 6, 7})  # +4 of 20
     _env(tmp_path / "eval_env_seed_1.json", {1, 2, 3, 8})  # one lost, one gained
@@ -91,6 +135,7 @@ def test_a_checkout_with_only_the_kept_copies_resumes_and_reports_the_same(tmp_p
     _rlla(work / "eval_rlla_warmstart.json", [0.0, 1.0, -1.0, 2.0], talk=True)
     _rlla(work / "eval_rlla_seed_0.json", [0.0, 0.0, -1.0, 2.0], talk=True)
     _rlla(work / "eval_rlla_seed_1.json", [1.0, 1.0, -1.0, 2.0], talk=True)
+    _all_schemas(work)
     # seed 0's finished run: its metrics (a few keys kept) give the seed's training summary
     ck = work / "seed_0" / "checkpoints" / f"global_step_{mjs.STEPS}"
     ck.mkdir(parents=True)

@@ -37,6 +37,8 @@ _BUILTIN = {
     "direct": "toolgrpo.envs.direct",
     "arith_mixed": "toolgrpo.envs.arith_mixed",
     "bfcl_multi_turn": "toolgrpo.envs.bfcl",
+    "schemas": "toolgrpo.envs.schemas",  # calls to generated functions, judged not run
+    "schemas_rlla": "toolgrpo.envs.schemas",
     "remote": "toolgrpo.envs.remote",
     "mcp": "toolgrpo.envs.mcp",  # needs the extra toolgrpo[mcp]
     "openenv": "toolgrpo.envs.openenv",  # needs the extra toolgrpo[openenv]
@@ -88,6 +90,8 @@ DEFAULT_SPECS = {
     "search": EnvSpec("search", 4),
     "direct": EnvSpec("direct", 2),  # no tools: one answer (a second turn after a stray call)
     "arith_mixed": EnvSpec("arith_mixed", 4),
+    "schemas": EnvSpec("schemas", 1),  # one answer: its calls are judged, not run
+    "schemas_rlla": EnvSpec("schemas_rlla", 1),
     # Up to 8 user turns, each needing a call turn and an answer turn.
     "bfcl_multi_turn": EnvSpec("bfcl_multi_turn", 20),
     "reasoning_gym": EnvSpec("reasoning_gym", 4),

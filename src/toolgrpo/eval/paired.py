@@ -63,6 +63,23 @@ def load_outcomes(path: Path) -> dict[str, TaskOutcome]:
     return out
 
 
+def load_parts(path: Path, part: str) -> dict[str, tuple[str, float]]:
+    """task id → (task type, one reward part as a number, 0 where the episode lacks it), from a
+    ``toolgrpo eval`` JSON that kept every episode: e.g. ``format_valid`` or ``correct`` of the
+    generated-schemas tasks."""
+    record = json.loads(Path(path).read_text())
+    samples = record.get("samples", [])
+    if len(samples) < record.get("num_episodes", 0):
+        raise IncompleteEval(
+            f"{path} keeps {len(samples)} episodes of {record['num_episodes']}: "
+            "re-run toolgrpo eval with --samples at least the tasks per type"
+        )
+    return {
+        s["task_id"]: (s["task_type"], float((s.get("reward_parts") or {}).get(part, 0.0)))
+        for s in samples
+    }
+
+
 def paired(
     before: Mapping[str, TaskOutcome],
     after: Mapping[str, TaskOutcome],
