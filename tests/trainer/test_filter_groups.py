@@ -6,14 +6,17 @@ from __future__ import annotations
 
 import json
 import zlib
+from statistics import fmean
 
 import pytest
 import torch
 
-from tests.conftest import read_metrics
+from tests.conftest import read_metrics, rlla_row, write_jsonl
 from toolgrpo.config.algorithm import FilterGroupsConfig
 from toolgrpo.config.loader import ConfigError
 from toolgrpo.config.validate import validate_train_config
+from toolgrpo.envs import rlla as rlla_env
+from toolgrpo.report.plots import PANELS, panel_keys
 from toolgrpo.rewards.scoring import Score
 from toolgrpo.trainer import rollout_stage
 from toolgrpo.trainer.batch import collate_rows
@@ -189,6 +192,12 @@ def test_a_run_trains_only_on_groups_with_signal_and_dumps_every_batch(
         n_batches = int(r["filter_groups/num_gen_batches"])
         assert len(dumped) == 4 * n_batches  # 2 tasks x n=2 per batch, every batch kept
         assert {json.loads(x)["step"] for x in dumped} == {r["step"]}
+        # plain names: the groups trained; sampled/: every batch the step sampled (and dumped)
+        rewards = [json.loads(x)["reward"] for x in dumped]
+        assert r["sampled/reward/mean"] == pytest.approx(fmean(rewards))
+        assert r["sampled/reward/groups_all_equal_frac"] > 0 or n_batches == 1
+    for r, b in zip(recs, trained, strict=True):
+        assert r["reward/mean"] == pytest.approx(b.scores_B.mean().item())
     assert max(r["filter_groups/num_gen_batches"] for r in recs) > 1
 
 
@@ -203,3 +212,42 @@ def test_multi_turn_episodes_are_filtered_and_dumped_batch_after_batch(make_trai
     assert len(dumped) == 4 * n and len({d["uid"] for d in dumped}) == 2 * n
     (b,) = trained
     assert len(informative(b)[0]) == kept and r["episode/rlla/turns/mean"] == 1.0
+
+
+def test_first_try_mean_is_the_mean_when_nothing_was_repaired(
+    make_train_config, tmp_path, monkeypatch
+):
+    """Rollback off, dynamic sampling on, two task types: the plain names count the groups
+    trained, ``sampled/`` every episode dumped. Before, ``reward/<type>/first_try_mean`` was
+    averaged over every batch sampled while ``reward/<type>/mean`` counted the batch trained."""
+    monkeypatch.setattr(rlla_env, "score", _half_flat)
+    rows = [rlla_row(i) for i in range(8)]
+    for i, row in enumerate(rows):  # 0, 1: rlla; 2, 3: other; ... (even tasks flat in both)
+        row["extra_info"]["task_type"] = "rlla" if i % 4 < 2 else "other"
+    data = write_jsonl(tmp_path / "two_types.jsonl", rows)
+    mt = {
+        "actor_rollout_ref.rollout.multi_turn.enable": "true",
+        "actor_rollout_ref.rollout.multi_turn.envs": "{other: {type: rlla}}",
+    }
+    out = tmp_path / "ft"
+    trained, recs = _run(make_train_config, out, 3, 4, data=data, **mt)
+    for r, b in zip(recs, trained, strict=True):
+        assert "reward/repaired_mean" not in r and r["rollback/repaired_frac"] == 0.0
+        for pre in ("", "sampled/"):
+            assert r[f"{pre}reward/first_try_mean"] == pytest.approx(r[f"{pre}reward/mean"])
+            assert r[f"{pre}episode/reward/mean"] == pytest.approx(r[f"{pre}reward/mean"])
+            for t in ("rlla", "other"):
+                if f"{pre}reward/{t}/mean" in r:
+                    got = r[f"{pre}reward/{t}/first_try_mean"]
+                    assert got == pytest.approx(r[f"{pre}reward/{t}/mean"])
+        assert r["reward/mean"] == pytest.approx(b.scores_B.mean().item())
+        dumped = [json.loads(x) for x in (out / "dumps" / f"{r['step']}.jsonl").open()]
+        assert r["sampled/episode/reward/mean"] == pytest.approx(fmean(d["reward"] for d in dumped))
+        for t in ("rlla", "other"):
+            if f"sampled/reward/{t}/mean" in r:
+                mine = [d["reward"] for d in dumped if d["task_type"] == t]
+                assert r[f"sampled/reward/{t}/mean"] == pytest.approx(fmean(mine))
+    assert any("reward/other/first_try_mean" in r for r in recs)  # both types trained in a step
+    panels, logged = {t: spec for t, spec, _ in PANELS}, set().union(*recs)  # the report finds them
+    assert {"reward/mean", "sampled/reward/mean"} <= set(panel_keys(panels["Reward"], logged))
+    assert len(panel_keys(panels["Groups with signal"], logged)) == 2

@@ -9,7 +9,11 @@ from typing import Any
 
 # (title, keys or a regex over keys, stacked): a panel is drawn when any of its keys is logged.
 PANELS: tuple[tuple[str, tuple[str, ...] | str, bool], ...] = (
-    ("Reward", ("reward/mean", "episode/reward/mean", "router/task_reward/mean"), False),
+    (
+        "Reward",
+        ("reward/mean", "sampled/reward/mean", "episode/reward/mean", "router/task_reward/mean"),
+        False,
+    ),
     ("Held-out", r"^val/(all/accuracy|all/reward_mean|reward/mean|accuracy|format_rate)$", False),
     (
         "Tool calls and errors",

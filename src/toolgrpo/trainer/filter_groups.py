@@ -20,6 +20,7 @@ import torch
 from toolgrpo.config.algorithm import FilterGroupsConfig
 from toolgrpo.trainer.batch import Batch, uid_groups
 from toolgrpo.trainer.rollout_stage import Rolled
+from toolgrpo.trainer.sample_metrics import SAMPLED, recount
 
 log = logging.getLogger(__name__)
 
@@ -95,18 +96,38 @@ def concat(batches: Sequence[Batch], pad_id: int) -> Batch:
 
 
 def merged_metrics(rounds: Sequence[Rolled]) -> tuple[dict[str, float], dict[str, float]]:
-    """The rollout metrics of every sampled batch, averaged over the batches (each holds the same
-    number of tasks), and their timings summed."""
+    """The metrics of every sampled batch, one value per key: seconds (``*_s``) summed over the
+    batches, other values averaged (each batch holds the same number of tasks); timings summed."""
     keys = {k for r in rounds for k in r.metrics}
     metrics = {}
     for k in keys:
         vals = [float(r.metrics[k]) for r in rounds if k in r.metrics]
-        metrics[k] = sum(vals) / len(vals)
+        metrics[k] = sum(vals) if k.endswith("_s") else sum(vals) / len(vals)
     timing: dict[str, float] = {}
     for r in rounds:
         for k, v in r.timing.items():
             timing[k] = timing.get(k, 0.0) + v
     return metrics, timing
+
+
+def step_metrics(
+    rounds: Sequence[Rolled], out: Batch | None
+) -> tuple[dict[str, float], dict[str, float], float]:
+    """The step's rollout metrics, timings and count of non-finite rewards. Each rollout metric
+    is counted over the groups trained (``out``'s; the first batch's when every episode failed)
+    under its own name, and over every batch sampled under ``sampled/``
+    (trainer/sample_metrics.py); what describes the sampling itself (``ray/*``, ranks) is
+    merged over the batches. A batch without its samples (on an FSDP2 rank other than 0, which
+    logs nothing) leaves every metric merged."""
+    metrics, timing = merged_metrics(rounds)
+    parts = [r.samples for r in rounds if r.samples is not None]
+    if len(parts) < len(rounds):
+        return metrics, timing, sum(r.nonfinite for r in rounds)
+    groups = set(out.uids) if out is not None else set(parts[0].uids)
+    counted, nonfinite = recount(parts, groups)
+    own = {k.removeprefix(SAMPLED) for k in counted if k.startswith(SAMPLED)}
+    process = {k: v for k, v in metrics.items() if k not in own}  # not a rollout metric
+    return {**process, **counted}, timing, nonfinite
 
 
 def fill(
@@ -145,7 +166,7 @@ def fill(
             wanted,
             len(rounds),
         )
-    metrics, timing = merged_metrics(rounds)
+    metrics, timing, nonfinite = step_metrics(rounds, out)
     metrics.update(
         {
             "filter_groups/num_gen_batches": float(len(rounds)),
@@ -154,4 +175,4 @@ def fill(
             "train/skipped_update": float(out is None),
         }
     )
-    return Rolled(out, metrics, timing, sum(r.nonfinite for r in rounds))
+    return Rolled(out, metrics, timing, nonfinite)

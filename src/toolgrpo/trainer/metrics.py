@@ -22,6 +22,28 @@ def group_stats(uids: Sequence[str], totals: Sequence[float]) -> dict[str, float
     return {"reward/groups_all_equal_frac": flat / max(len(groups), 1)}
 
 
+def reward_metrics(
+    totals: Sequence[float], uids: Sequence[str], task_types: Sequence[str]
+) -> dict[str, float]:
+    """``reward/*`` of a batch's real rows: mean, spread, per task type (when there are
+    several) and the share of groups with nothing to learn from."""
+    totals, uids = list(totals) or [0.0], list(uids) or [""]
+    m = {
+        "reward/mean": fmean(totals),
+        "reward/std": pstdev(totals) if len(totals) > 1 else 0.0,
+        "reward/max": max(totals),
+        "reward/min": min(totals),
+        **group_stats(uids, totals),
+    }
+    by_type: dict[str, list[float]] = defaultdict(list)
+    for t, s in zip(task_types, totals, strict=False):
+        by_type[t].append(s)
+    if len(by_type) > 1:
+        for t, vals in by_type.items():
+            m[f"reward/{t}/mean"] = fmean(vals)
+    return m
+
+
 def batch_metrics(
     batch: Batch, timing: dict[str, float], extra: dict[str, float], epoch: int
 ) -> dict[str, float]:
@@ -30,8 +52,6 @@ def batch_metrics(
     an environment) are left out and reported by ``negative_metrics``."""
     scores = batch.scores_B.tolist() if batch.scores_B is not None else []
     real = [i for i in range(len(scores)) if not (batch.is_negative and batch.is_negative[i])]
-    totals = [scores[i] for i in real] or [0.0]
-    uids = [batch.uids[i] for i in real] or [""]
     resp = batch.response_mask_BR.sum(1)
     adv = (
         batch.advantages_BR[batch.response_mask_BR.bool()]
@@ -39,12 +59,10 @@ def batch_metrics(
         else None
     )
     sampled = float(resp.sum())
+    types = [batch.task_types[i] for i in real] if batch.task_types else []
     m: dict[str, float] = {
         "epoch": float(epoch),
-        "reward/mean": fmean(totals),
-        "reward/std": pstdev(totals) if len(totals) > 1 else 0.0,
-        "reward/max": max(totals),
-        "reward/min": min(totals),
+        **reward_metrics([scores[i] for i in real], [batch.uids[i] for i in real], types),
         "tokens/generated": sampled,
         "tokens/generated_per_s": sampled / max(timing.get("timing/gen_s", 0.0), 1e-9),
         "critic/advantages/mean": float(adv.mean()) if adv is not None and adv.numel() else 0.0,
@@ -52,16 +70,9 @@ def batch_metrics(
         "critic/advantages/min": float(adv.min()) if adv is not None and adv.numel() else 0.0,
         "batch/size": float(batch.size),
         "batch/empty_responses": float((resp == 0).sum()),
-        **group_stats(uids, totals),
         **timing,
         **extra,
     }
-    by_type: dict[str, list[float]] = defaultdict(list)
-    for i in real:
-        by_type[batch.task_types[i]].append(scores[i])
-    if len(by_type) > 1:
-        for t, vals in by_type.items():
-            m[f"reward/{t}/mean"] = fmean(vals)
     return _floats(m)
 
 

@@ -9,6 +9,7 @@ step's tasks, generator and policy version.
 from __future__ import annotations
 
 import logging
+import math
 import time
 import uuid
 from contextlib import AbstractContextManager, nullcontext
@@ -29,10 +30,9 @@ from toolgrpo.rollout.generator import Completion, SamplingParams
 from toolgrpo.rollout.single_turn import rollout_tasks, solution_text
 from toolgrpo.router.runtime import routed_rollout
 from toolgrpo.trainer.batch import Batch, collate, negative_parents
-from toolgrpo.trainer.episode_metrics import episode_metrics
 from toolgrpo.trainer.episodes import NonFiniteReward, stand_in_rewards
-from toolgrpo.trainer.metrics import completion_metrics
 from toolgrpo.trainer.rollout_dump import RolloutDumper, completion_record
+from toolgrpo.trainer.sample_metrics import Samples
 
 if TYPE_CHECKING:
     from toolgrpo.mixture import Mixture
@@ -46,13 +46,19 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Rolled:
-    """One step's rollout, rewarded and collated, ready for the update."""
+    """One step's rollout, rewarded and collated, ready for the update. ``samples``: what its
+    metrics were computed from, for dynamic sampling to count them again over the groups it
+    trains; rank 0 alone logs metrics, so it is not sent to the other FSDP2 ranks."""
 
     batch: Batch | None  # None: every episode failed in its environment (the update is skipped)
     metrics: dict[str, float]
     timing: dict[str, float]
     nonfinite: float
     price: LmPrice | None = None  # the router's λ·cost per row, for the LM's advantages
+    samples: Samples | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "samples": None}
 
 
 @dataclass(frozen=True)
@@ -117,22 +123,25 @@ class RolloutStage:
         t0 = time.perf_counter()
         scores, nonfinite = self.reward(owners, completions, step)
         timing["timing/reward_s"] = time.perf_counter() - t0
+        types = [t.task_type for t in owners]
+        every = [True] * len(scores)
+        samples = Samples(uids, types, every, nonfinite, completions=completions, scores=scores)
         if self.dumper is not None:
             rows = zip(completions, owners, uids, scores, policies, routes, strict=True)
             tok = self.tokenizer
             recs = [completion_record(*r[:4], tok, *r[4:]) for r in rows]
             self.dumper.write(step, recs, append=more)
         batch = collate(completions, uids, self.tokenizer.pad_token_id)
-        batch.task_types = [t.task_type for t in owners]
+        batch.task_types = types
         batch.scores_B = torch.tensor([s.total for s in scores], dtype=torch.float32)
         batch.policies = policies
-        metrics = completion_metrics(completions, scores)
+        metrics = samples.metrics()
         metrics.update(mixture_metrics(self.mixture, step, batch))
         price = None
         if self.router is not None:
             metrics.update(self.router.observe(items, [s.total for s in scores]))
             price = self.router.bind_rows(list(range(len(items))))  # one batch row per rollout
-        return Rolled(batch, metrics, timing, float(nonfinite), price)
+        return Rolled(batch, metrics, timing, float(sum(nonfinite)), price, samples)
 
     def _episode_batch(
         self, step: int, items: list[Episode], policies: list[str], timing: dict[str, float]
@@ -142,15 +151,15 @@ class RolloutStage:
         assert self.episodes is not None
         keep = self.episodes.trainable(items, step)
         kept = [items[i] for i in keep]
+        rows = set(keep)
+        trained = [i in rows for i in range(len(items))]
+        bad = [t and not math.isfinite(e.reward) for t, e in zip(trained, items, strict=True)]
         batch, nonfinite = self.episodes.to_batch(kept) if kept else (None, 0)  # NaN → 0 first
-        metrics = episode_metrics(items)
-        metrics["rollout/dropped_episodes"] = float(len(items) - len(keep))
-        metrics["train/skipped_update"] = float(batch is None)
-        # Truncated episodes among those trained; with mask_truncated, the rows that train nothing.
-        truncated = sum(e.truncated for e in kept)
-        metrics["rollout/truncated_frac"] = truncated / len(kept) if kept else 0.0
+        uids, types = [e.uid for e in items], [e.task_type for e in items]
         masking = self.multi_turn.mask_truncated
-        metrics["rollout/truncated_masked"] = float(truncated if masking else 0)
+        samples = Samples(uids, types, trained, bad, episodes=items, mask_truncated=masking)
+        metrics = samples.metrics()
+        metrics["train/skipped_update"] = float(batch is None)
         price = None
         if self.router is not None:  # failed episodes stand at their group's mean
             metrics.update(self.router.observe(items, stand_in_rewards(items)))
@@ -160,7 +169,7 @@ class RolloutStage:
             pols = [policies[i] for i in keep]
             batch.policies = pols + [pols[i] for i in negative_parents(kept)]
             metrics.update(mixture_metrics(self.mixture, step, batch))
-        return Rolled(batch, metrics, timing, float(nonfinite), price)
+        return Rolled(batch, metrics, timing, float(nonfinite), price, samples)
 
     def _generate(
         self, step: int, tasks: list[Task], generator: Any, version: int
@@ -249,14 +258,15 @@ class RolloutStage:
 
     def reward(
         self, owners: list[Task], completions: list[Completion], step: int
-    ) -> tuple[list[Score], int]:
-        scores, bad = [], 0
+    ) -> tuple[list[Score], list[bool]]:
+        """Each completion's score, and whether it was non-finite (scored 0 then)."""
+        scores, bad = [], []
         for task, comp in zip(owners, completions, strict=True):
             s = score(task, solution_text(self.tokenizer, comp), step, self.flags)
-            if not is_finite(s):
+            bad.append(not is_finite(s))
+            if bad[-1]:
                 if self.reward_cfg.nan_policy == "error":
                     raise NonFiniteReward(f"non-finite reward {s} for task {task.task_id}")
-                bad += 1
                 s = Score(0.0, 0.0, 0.0, 0.0, s.format_ok, s.exact_call)
             scores.append(s)
         return scores, bad
