@@ -12,11 +12,12 @@ A piece is looked up in the work directory first, then among the kept copies
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from statistics import fmean
 from typing import Any
+
+from toolgrpo.safe_io import write_text
 
 # Bulky text fields of an eval sample: an episode's whole conversation, a single-turn sample's
 # decoded text. Everything else a sample holds (task_id, reward, tool calls and errors...) stays.
@@ -44,15 +45,12 @@ def finder(work: Path, kept: Path | None) -> Callable[[str], Path | None]:
 
 
 def write_atomic(dest: Path, text: str) -> bool:
-    """``text`` into ``dest`` through a temporary file and a rename, so no reader (nor an
-    interrupted benchmark) sees half a file; nothing is written when ``dest`` already holds
-    it. Returns whether it wrote."""
-    if dest.is_file() and dest.read_text() == text:
+    """``text`` into ``dest`` through a temporary file and a rename (``toolgrpo.safe_io``), so
+    no reader (nor an interrupted benchmark) sees half a file and a link is refused; nothing is
+    written when ``dest`` already holds it. Returns whether it wrote."""
+    if dest.is_file() and not dest.is_symlink() and dest.read_text() == text:
         return False
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, dest)
+    write_text(dest, text)  # a link at dest, or at a temporary's name, is never written through
     return True
 
 

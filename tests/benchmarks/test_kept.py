@@ -90,3 +90,23 @@ def test_a_directory_holds_one_setting(tmp_path):
     with pytest.raises(SystemExit, match="config.sha256"):
         kept.pin([tmp_path / "new2", kdir], {"config.sha256": "def\n"})
     assert not (tmp_path / "new").exists() and not (tmp_path / "new2").exists()  # checked first
+
+
+def test_kept_copies_are_never_written_through_a_link(tmp_path):
+    """A link at the kept copy, or at its old temporary's name (``.NAME.PID.tmp``), is never
+    written through (the temporary's name was predictable and opened by following links)."""
+    import os
+
+    from toolgrpo.safe_io import LinkRefused
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    dest = tmp_path / "kept" / "eval_on.json"
+    dest.parent.mkdir()
+    (dest.parent / f".{dest.name}.{os.getpid()}.tmp").symlink_to(victim)
+    assert kept.write_atomic(dest, "{}\n") and dest.read_text() == "{}\n"
+    linked = tmp_path / "kept" / "setting.txt"
+    linked.symlink_to(victim)
+    with pytest.raises(LinkRefused):
+        kept.write_atomic(linked, "x")
+    assert victim.read_text() == "keep me"

@@ -67,3 +67,16 @@ def test_groups_with_signal_get_a_panel_when_logged(tmp_path):
         "reward/groups_all_equal_frac",
         "filter_groups/informative_frac",
     ]
+
+
+def test_a_linked_report_html_is_refused_not_written_through(tmp_path, capsys):
+    """Was: ``RUN/report.html`` a link replaced the link's target with the page and printed
+    "wrote RUN/report.html"."""
+    run = make_run(tmp_path, steps=1)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    (run / "report.html").symlink_to(victim)
+    assert main(["report", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert "report.html is a symbolic link" in err and "Traceback" not in err
+    assert victim.read_text() == "keep me"

@@ -6,9 +6,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import train_overrides
 from toolgrpo.rollout.episode import Episode
 from toolgrpo.rollout.rollback import NegativeSample
+from toolgrpo.safe_io import LinkRefused
 from toolgrpo.trainer.rollout_dump import RolloutDumper, bound, episode_records, mask_spans
 from toolgrpo.trainer.trainer import Trainer
 
@@ -69,6 +72,21 @@ def test_dumper_replaces_a_rerun_step(tmp_path):
     d.write(3, [{"uid": "a", "x": 1}, {"uid": "a", "x": 2}])
     d.write(3, [{"uid": "b", "x": 9}])
     assert [r["x"] for r in read(tmp_path / "3.jsonl")] == [9]
+
+
+def test_a_planted_link_at_a_temporary_or_the_dump_is_never_written_through(tmp_path):
+    """Was: a link planted at ``<dir>/1.jsonl.tmp`` had its target overwritten by the dump."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    d = tmp_path / "dumps"
+    d.mkdir()
+    (d / "1.jsonl.tmp").symlink_to(victim)
+    RolloutDumper(d).write(1, [{"uid": "a", "x": 1}])
+    assert victim.read_text() == "keep me" and [r["x"] for r in read(d / "1.jsonl")] == [1]
+    (d / "2.jsonl").symlink_to(victim)
+    with pytest.raises(LinkRefused, match="2.jsonl is a symbolic link"):
+        RolloutDumper(d).write(2, [{"uid": "a", "x": 1}], append=True)
+    assert victim.read_text() == "keep me"
 
 
 def test_training_run_dumps_each_step(make_train_config, tmp_path):

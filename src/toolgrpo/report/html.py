@@ -11,6 +11,7 @@ from typing import Any
 from toolgrpo.report.assets import CSS, JS
 from toolgrpo.report.data import RunData, load_run
 from toolgrpo.report.plots import metric_svgs
+from toolgrpo.safe_io import write_text
 from toolgrpo.trainer.summary import best_held_out
 
 
@@ -90,6 +91,4 @@ def write_report(
     """``toolgrpo report``: write ``<run>/report.html`` (or ``output``) and return its path."""
     data = load_run(run_dir, rollout_data_dir)
     out = Path(output) if output else data.run_dir / "report.html"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(render(data), encoding="utf-8")
-    return out
+    return write_text(out, render(data))  # never through a link

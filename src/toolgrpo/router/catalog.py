@@ -19,6 +19,7 @@ from toolgrpo.envs.registry import EnvRouter
 from toolgrpo.router.families import FamilyFileError, FamilyMap, ToolInfo, read_family_file
 from toolgrpo.router.labeler import ChatClient, LabelerError, Labels, label_tasks, task_tools
 from toolgrpo.router.routes import FAMILIES, LABELS
+from toolgrpo.safe_io import write_text
 
 log = logging.getLogger(__name__)
 
@@ -116,5 +117,5 @@ def load_labels(
         log.error("router labeler failed: %s; training continues without labels", e)
         return None
     if rc.label_file:
-        Path(rc.label_file).write_text(json.dumps(labels.to_json(lab.model), indent=1))
+        write_text(rc.label_file, json.dumps(labels.to_json(lab.model), indent=1))
     return labels

@@ -9,12 +9,12 @@ import json
 import os
 import sys
 from collections import Counter
-from pathlib import Path
 
 from toolgrpo.data.loader import load_tasks
 from toolgrpo.envs.registry import EnvRouter
 from toolgrpo.router.catalog import env_tools
 from toolgrpo.router.labeler import ChatClient, LabelerError, label_tasks
+from toolgrpo.safe_io import refuse_link, write_text
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -32,6 +32,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run_label(args: argparse.Namespace) -> int:
+    refuse_link(args.out)  # before any request is paid for
     tasks = load_tasks(args.data, "skip", args.limit).tasks
     key = os.environ.get(args.api_key_env) or None
     client = ChatClient(args.base_url, args.model, key, args.timeout)
@@ -47,9 +48,7 @@ def run_label(args: argparse.Namespace) -> int:
     except LabelerError as e:
         print(f"toolgrpo label: error: {e}", file=sys.stderr)
         return 2
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(labels.to_json(args.model), indent=1, ensure_ascii=False))
+    out = write_text(args.out, json.dumps(labels.to_json(args.model), indent=1, ensure_ascii=False))
     counts = Counter(labels.examples.values())
     print(json.dumps({"out": str(out), "tasks": len(tasks), "labels": counts, **labels.stats}))
     return 0

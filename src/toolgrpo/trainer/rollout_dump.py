@@ -14,6 +14,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from toolgrpo import safe_io
 from toolgrpo.rollout.episode import Episode
 
 DUMP_VERSION = 1
@@ -140,16 +141,16 @@ class RolloutDumper:
         self.limit = limit
 
     def write(self, step: int, rows: list[dict[str, Any]], append: bool = False) -> Path:
-        self.dir.mkdir(parents=True, exist_ok=True)
+        """The step's file replaced through a fresh temporary (``safe_io``): a link at it, or
+        at any temporary's name, is never written through."""
         path = self.dir / f"{step}.jsonl"
-        tmp = path.with_suffix(".jsonl.tmp")
-        with tmp.open("w") as fh:
-            if append and path.is_file():
-                fh.write(path.read_text())
-            for r in bound(rows, self.limit):
-                fh.write(json.dumps({"step": step, "v": DUMP_VERSION, **r}, default=str) + "\n")
-        tmp.replace(path)
-        return path
+        safe_io.refuse_link(path)
+        head = path.read_text() if append and path.is_file() else ""
+        lines = [
+            json.dumps({"step": step, "v": DUMP_VERSION, **r}, default=str) + "\n"
+            for r in bound(rows, self.limit)
+        ]
+        return safe_io.write_text(path, head + "".join(lines))
 
     def write_episodes(
         self,

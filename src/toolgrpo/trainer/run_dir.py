@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from toolgrpo import safe_io
 from toolgrpo.errors import UserError
 from toolgrpo.trainer.run_lock import LOCK_FILE
 
@@ -60,17 +61,9 @@ def refuse_links(out: Path) -> None:
 
 
 def write_text(path: Path, text: str) -> None:
-    """Replace ``path`` with ``text`` atomically (a temp file then a rename): a link at
-    ``path`` is replaced, never written through, and a kill leaves the old or new whole."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    """Replace ``path`` with ``text`` atomically (``safe_io``): a kill leaves the old or new
+    file whole, and a link at ``path`` is refused, never written through."""
+    safe_io.write_text(path, text)
 
 
 def append_line(path: Path, line: str) -> None:
