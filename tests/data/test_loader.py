@@ -263,3 +263,80 @@ def test_corrupt_parquet_is_a_data_error_naming_the_file(tmp_path, content):
     f.write_bytes(content)
     with pytest.raises(DataError, match=r"broken\.parquet.*parquet"):
         load_tasks(str(f))
+
+
+SPOOF = "\n\x1b[1A\x1b[2Ktoolgrpo: resuming from /etc at step 999"
+
+
+def test_an_index_with_control_characters_is_a_bad_row_shown_escaped(tmp_path, caplog):
+    """Was: an index holding a newline and ANSI escapes, on two rows, was printed raw in the
+    duplicate-index warning and forged a console line (erasing the one above)."""
+    rows = [rlla_row(0), rlla_row(1), rlla_row(2)]
+    for r in rows[1:]:
+        r["extra_info"]["index"] = SPOOF
+    path = write_jsonl(tmp_path / "spoof.jsonl", rows)
+    data = load_tasks(str(path))
+    assert [t.task_id for t in data.tasks] == [f"{path}#0"]
+    assert [p.index for p in data.problems] == [1, 2]
+    assert "control character ('\\n' at character 0)" in data.problems[0].reason
+    text = caplog.text
+    assert "\x1b" not in text and not any("\n" in m for m in caplog.messages)
+    assert not any(line.startswith("toolgrpo: resuming") for line in text.splitlines())
+    for bidi in ("a\u202eb", "tab\there", "nul\x00"):
+        with pytest.raises(ValueError, match="control character"):
+            row_to_task({**rlla_row(0), "extra_info": {"index": bidi}}, "f", 0)
+
+
+def test_an_index_over_the_id_limit_is_a_bad_row_not_echoed(tmp_path):
+    """Was: a 100,000-character index was accepted as a task id."""
+    row = rlla_row(0)
+    row["extra_info"]["index"] = "x" * 100_000
+    data = load_tasks(str(write_jsonl(tmp_path / "long.jsonl", [row, rlla_row(1)])))
+    (problem,) = data.problems
+    assert "has 100000 characters (at most 256)" in problem.reason and len(problem.reason) < 200
+    assert len(data.tasks) == 1
+
+
+def test_repeated_ids_are_named_repr_escaped(tmp_path, caplog):
+    rows = [rlla_row(0), rlla_row(1)]
+    for r in rows:
+        r["extra_info"]["index"] = "same id"
+    path = write_jsonl(tmp_path / "dup.jsonl", rows)
+    load_tasks(str(path))
+    assert f"(e.g. '{path}#same id': rows 0 and 1)" in caplog.text
+
+
+def test_a_data_path_that_is_not_a_regular_file_says_what_it_is(tmp_path):
+    """Was: "data file not found" for a path that exists (a directory, a FIFO)."""
+    import os
+
+    fifo = tmp_path / "rows.jsonl"
+    os.mkfifo(fifo)
+    with pytest.raises(DataError, match=r"rows.jsonl is a FIFO \(named pipe\), not a regular"):
+        load_tasks(str(fifo))
+    with pytest.raises(DataError, match="is a directory, not a regular file"):
+        load_tasks(str(tmp_path))
+    with pytest.raises(DataError, match="data file not found"):
+        load_tasks(str(tmp_path / "none.jsonl"))
+
+
+def test_data_error_lives_with_the_error_classes():
+    """Every data source raises ``toolgrpo.errors.DataError`` without importing the loader
+    (which imports them: the import circle this replaced); the loader re-exports it."""
+    import ast
+    from pathlib import Path
+
+    import toolgrpo
+    from toolgrpo import errors
+
+    assert DataError is errors.DataError
+    pkg = Path(toolgrpo.__file__).parent
+    for rel in (
+        "data/reasoning_gym.py",
+        "data/source_spec.py",
+        "envs/_bfcl_data.py",
+        "envs/verifiers_env.py",
+    ):
+        tree = ast.parse((pkg / rel).read_text())
+        froms = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+        assert "toolgrpo.data.loader" not in froms, rel

@@ -10,6 +10,7 @@ import itertools
 import json
 import logging
 import math
+import unicodedata
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from importlib import resources
@@ -17,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from toolgrpo.data.task import ROLES, RowProblem, Task
-from toolgrpo.errors import UserError
+from toolgrpo.errors import DataError, shown
+from toolgrpo.safe_io import path_kind
 
 log = logging.getLogger(__name__)
 
@@ -28,10 +30,6 @@ RLLA_TOOL_THOUGHT = (
     "need. </think>"
 )
 RLLA_RESPONSE_THOUGHT = "<think> I should directly respond to the user's need. </think>"
-
-
-class DataError(UserError):
-    """A dataset that cannot be used as asked (missing, empty, malformed with bad_rows=error)."""
 
 
 @dataclass(frozen=True)
@@ -49,8 +47,10 @@ def read_rows(path: str | Path) -> Iterator[dict[str, Any] | Exception]:
     """Yield raw rows of a JSONL or parquet file; a JSONL line that is not UTF-8 or not JSON
     yields its error (a bad row, reported with its index), an unreadable file raises DataError."""
     p = Path(path)
-    if not p.is_file():
+    if not p.exists():
         raise DataError(f"data file not found: {p}")
+    if not p.is_file():
+        raise DataError(f"data file {p} is {path_kind(p)}, not a regular file")
     if p.suffix == ".parquet":
         yield from _parquet_rows(p)
         return
@@ -159,8 +159,26 @@ def _row_index(idx: Any) -> int | str:
     if isinstance(idx, int) or (isinstance(idx, str) and idx.strip()):
         if isinstance(idx, str):
             check_text(idx, "'extra_info.index'")
+        check_id(str(idx), "'extra_info.index'")
         return idx
-    raise ValueError(f"'extra_info.index' is {idx!r}, not a whole number or a string")
+    raise ValueError(f"'extra_info.index' is {shown(idx)}, not a whole number or a string")
+
+
+MAX_ID_CHARS = 256  # a task id is a key in dumps, reports and labels, and printed in warnings
+
+
+def check_id(text: str, what: str = "the task id", limit: int = MAX_ID_CHARS) -> None:
+    """Refuse an id a console would not show as written: a control or format character (a
+    newline, an ANSI escape, a bidi override could forge or erase a line of the console), or
+    one over ``limit`` characters."""
+    if len(text) > limit:
+        raise ValueError(f"{what} has {len(text)} characters (at most {limit})")
+    bad = next((c for c in text if unicodedata.category(c) in ("Cc", "Cf")), None)
+    if bad is not None:
+        raise ValueError(
+            f"{what} {shown(text)} holds a control character ({bad!r} at character "
+            f"{text.index(bad)})"
+        )
 
 
 def _task_type(data_source: str) -> str:
@@ -254,7 +272,7 @@ def _warn_duplicates(source: str, tasks: list[Task]) -> None:
     if repeats:
         tid, first, again = repeats[0]
         log.warning(
-            "%s: %d row(s) repeat an earlier row's extra_info.index (e.g. %s: rows %d and %d); "
+            "%s: %d row(s) repeat an earlier row's extra_info.index (e.g. %r: rows %d and %d); "
             "their task ids collide in dumps and reports",
             source,
             len(repeats),
@@ -307,6 +325,8 @@ def load_tasks(
             try:
                 if isinstance(row, Exception):
                     raise row
+                if isinstance(row, Task):  # a generated source's: its id is checked here
+                    check_id(row.task_id, limit=MAX_ID_CHARS + len(source) + 1)
                 task = row if isinstance(row, Task) else row_to_task(row, source, i)
                 if check is not None:
                     check(task)

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from toolgrpo.data.loader import DataError
 from toolgrpo.data.source_spec import parse_source_spec
 from toolgrpo.data.task import Task
+from toolgrpo.errors import DataError
 
 KIND = "reasoning_gym"
 SPLITS = ("train", "test")

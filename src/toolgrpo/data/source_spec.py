@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl
 
-from toolgrpo.data.loader import DataError
+from toolgrpo.errors import DataError
 
 
 @dataclass(frozen=True)

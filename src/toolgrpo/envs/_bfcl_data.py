@@ -14,8 +14,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from toolgrpo.data.loader import DataError
 from toolgrpo.data.task import Task
+from toolgrpo.errors import DataError
 
 TASK_TYPE = "bfcl_multi_turn"
 CATEGORIES = ("base", "miss_func", "miss_param", "long_context")

@@ -28,12 +28,12 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from toolgrpo.data.loader import DataError
 from toolgrpo.data.source_spec import parse_source_spec
 from toolgrpo.data.task import Task
 from toolgrpo.envs.base import EnvReward, Transcript
 from toolgrpo.envs.registry import EnvConfigError, register_env
 from toolgrpo.envs.tool_env import ToolEnv
+from toolgrpo.errors import DataError
 from toolgrpo.tools.schema import Tool, dict_tool
 
 KIND = "verifiers"
