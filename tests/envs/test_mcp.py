@@ -99,3 +99,21 @@ def test_bad_config_and_rollback_are_refused_at_startup():
         router(command="x", reward="no_such_module:f").make(TASK)
     with pytest.raises(SnapshotUnsupported):
         check_snapshot_support(router(command=[sys.executable, SERVER]), [TASK])
+
+
+def test_stdio_servers_get_a_default_concurrency_cap():
+    """Was: no cap, so 128 concurrent episodes started ~100 servers at once and 14 % missed the
+    reset deadline; 32 at a time failed none. ``max_concurrency`` still decides when given
+    (null lifts the cap); an HTTP server is the user's to size."""
+    from toolgrpo.envs.mcp import STDIO_MAX_CONCURRENCY
+
+    def cap(r: EnvRouter) -> int | None:
+        slots = r._slots.get("tools")
+        return slots.limit if slots is not None else None
+
+    assert STDIO_MAX_CONCURRENCY == 32
+    assert cap(router(command=[sys.executable, SERVER])) == 32
+    assert cap(router(command=[sys.executable, SERVER], max_concurrency=4)) == 4
+    assert cap(router(command=[sys.executable, SERVER], max_concurrency=None)) is None
+    assert cap(router(url="http://127.0.0.1:1/mcp")) is None
+    assert router(command=[sys.executable, SERVER]).spec("tools").max_concurrency == 32

@@ -138,6 +138,23 @@ def test_a_bad_import_stops_train_with_one_line(ref, needle, tiny_model_dir, tmp
     assert ref in line and needle in line and "Traceback" not in err
 
 
+def test_a_plugin_that_exits_at_import_is_named(tiny_model_dir, tmp_path, capsys):
+    """Was: a plugin parsing ``sys.argv`` at import printed its own usage and exited, and
+    nothing named the plugin."""
+    from toolgrpo.cli import main
+
+    argv_env = tmp_path / "argv_env.py"
+    argv_env.write_text(
+        "import argparse\np = argparse.ArgumentParser()\np.add_argument('--port')\np.parse_args()\n"
+    )
+    over = train_overrides(tiny_model_dir, tmp_path / "none.jsonl", tmp_path / "out", 1)
+    assert main(["train", *over, "--import", str(argv_env)]) == 2
+    err = capsys.readouterr().err
+    line = [x for x in err.splitlines() if x.startswith("toolgrpo train: error: ")]
+    assert len(line) == 1 and "Traceback" not in err, err
+    assert str(argv_env) in line[0] and "called sys.exit(2) while being imported" in line[0]
+
+
 def test_train_plays_an_imported_env(tiny_model_dir, tmp_path):
     """``toolgrpo train ... --import my_reverse_env.py``: episodes of the user's env type."""
     from toolgrpo.cli import main

@@ -55,6 +55,8 @@ def import_plugin(ref: str) -> ModuleType:
         return importlib.import_module(name)
     except Exception as e:  # a broken plugin: say which, not a traceback
         raise PluginError(f"cannot import environment plugin {ref!r}: {_why(e)}") from e
+    except SystemExit as e:  # e.g. argparse at import time, reading toolgrpo's own argv
+        raise PluginError(f"environment plugin {ref!r} {_exited(e)}") from None
 
 
 def load_entry_points() -> list[str]:
@@ -66,14 +68,16 @@ def load_entry_points() -> list[str]:
     _entry_points_loaded = True  # a failure is reported once, not on every lookup
     done = []
     for ep in _group():
+        dist = f" of {ep.dist.name}" if getattr(ep, "dist", None) is not None else ""
+        where = f"(entry point {ep.value!r}{dist}, group {ENTRY_POINT_GROUP})"
         try:
             ep.load()
         except Exception as e:
-            dist = f" of {ep.dist.name}" if getattr(ep, "dist", None) is not None else ""
             raise PluginError(
-                f"cannot load environment plugin {ep.name!r} (entry point {ep.value!r}{dist}, "
-                f"group {ENTRY_POINT_GROUP}): {_why(e)}"
+                f"cannot load environment plugin {ep.name!r} {where}: {_why(e)}"
             ) from e
+        except SystemExit as e:
+            raise PluginError(f"environment plugin {ep.name!r} {where} {_exited(e)}") from None
         done.append(f"{ep.name} = {ep.value}")
     return done
 
@@ -102,3 +106,11 @@ def _group() -> list[EntryPoint]:
 def _why(e: BaseException) -> str:
     text = " ".join(str(e).split())
     return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
+def _exited(e: SystemExit) -> str:
+    """Why a plugin that called ``sys.exit`` while being imported is refused."""
+    return (
+        f"called sys.exit({e.code!r}) while being imported (does it parse sys.argv at import? "
+        'put that under `if __name__ == "__main__":`)'
+    )

@@ -9,7 +9,8 @@ Config (``actor_rollout_ref.rollout.multi_turn.envs``), one entry per task type:
 ``type`` defaults to the task type's own name (built in, or registered by a user's module via
 ``--import``, ``trainer.imports`` or a ``toolgrpo.envs`` entry point: ``envs/plugins.py``);
 ``max_concurrency`` caps the task type's environments open at once (``envs/concurrency.py``;
-null = no cap); every other key except ``max_turns`` is passed to the environment's factory as an
+when not given, the type's own default: 32 for MCP stdio servers, none for others; null = no
+cap); every other key except ``max_turns`` is passed to the environment's factory as an
 option. A factory with a ``validate_options(options)`` attribute has its options checked when the
 router is built (at startup, not per episode).
 """
@@ -113,8 +114,8 @@ class EnvRouter:
             )
             if max_turns < 1:
                 raise EnvConfigError(f"envs.{task_type}.max_turns must be >= 1, got {max_turns}")
-            cap = _max_concurrency(task_type, opts.pop("max_concurrency", None))
             factory = get_env_factory(env_type)  # fail at startup, not mid-run
+            cap = _max_concurrency(task_type, opts.pop("max_concurrency", _UNSET), factory, opts)
             validate = getattr(factory, "validate_options", None)
             if validate is not None:
                 validate(opts)
@@ -161,7 +162,18 @@ class EnvRouter:
         return env if slots is None else hold_slot(env, slots)
 
 
-def _max_concurrency(task_type: str, value: Any) -> int | None:
+_UNSET = object()
+
+
+def _max_concurrency(
+    task_type: str, value: Any, factory: Any = None, options: Mapping[str, Any] | None = None
+) -> int | None:
+    """The configured cap; when none is given, the env type's own default
+    (``default_max_concurrency(options)`` on its factory, e.g. MCP's stdio servers); an
+    explicit null lifts any cap."""
+    if value is _UNSET:
+        default = getattr(factory, "default_max_concurrency", None)
+        return default(options or {}) if default is not None else None
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:

@@ -4,6 +4,7 @@ diagnostics (format pass, exact tool calls) so metrics mean the same under every
 from __future__ import annotations
 
 import math
+import struct
 from dataclasses import dataclass, fields
 
 from toolgrpo.data.task import Task
@@ -63,4 +64,17 @@ def score(task: Task, solution_str: str, step: int, flags: RllaFlags | None) -> 
 
 
 def is_finite(s: Score) -> bool:
-    return all(math.isfinite(v) for v in (s.total, s.format, s.correctness, s.length))
+    return all(finite_in_float32(v) for v in (s.total, s.format, s.correctness, s.length))
+
+
+def finite_in_float32(x: float) -> bool:
+    """Finite once cast to float32, the dtype scores train in: ``1e39`` is a finite Python
+    float but ``inf`` in float32, so ``reward.nan_policy`` must see it as non-finite too.
+    ``struct`` rounds as the cast does and raises where the cast would overflow."""
+    if not math.isfinite(x):
+        return False
+    try:
+        struct.pack("<f", x)
+    except OverflowError:
+        return False
+    return True

@@ -15,6 +15,7 @@ import torch
 from toolgrpo.config.schema import TrainConfig
 from toolgrpo.data.task import Task
 from toolgrpo.envs.registry import EnvRouter
+from toolgrpo.rewards.scoring import finite_in_float32
 from toolgrpo.rewards.types import RllaFlags
 from toolgrpo.rollout.batcher import GenerationBatcher
 from toolgrpo.rollout.episode import EnvFailureError, Episode
@@ -154,9 +155,12 @@ class EpisodeRunner:
         ``batch.truncated`` marks the truncated episodes' rows (``mask_truncated_rows``)."""
         bad = 0
         for e in episodes:
-            if not math.isfinite(e.reward):
+            if not finite_in_float32(e.reward):  # checked as the scores tensor will hold it
                 if self.cfg.reward.nan_policy == "error":
-                    raise NonFiniteReward(f"non-finite reward {e.reward} for task {e.task_id}")
+                    raise NonFiniteReward(
+                        f"non-finite reward {e.reward} (in float32, the training dtype) for "
+                        f"task {e.task_id!r}"
+                    )
                 bad += 1
                 e.reward = 0.0
         negatives = self.rollback is not None and self.rollback.save_negatives

@@ -70,6 +70,8 @@ def startup_lines(trainer: Any) -> list[str]:
         backend = "hf"
     steps = trainer.total_steps
     first = f"steps {trainer.step + 1}-{steps}" if trainer.step else f"{steps} step(s)"
+    if trainer.step >= steps:
+        first = "no step left to train"
     log = getattr(trainer, "run_log", None)
     where = f"outputs: {trainer.out}" + (f"  (library logs: {log.path})" if log else "")
     return [
@@ -78,4 +80,15 @@ def startup_lines(trainer: Any) -> list[str]:
         f"  {len(trainer.tasks)} tasks, {cfg.data.train_batch_size} per step x {r.n} samples, "
         f"{first}, {cfg.algorithm.adv_estimator}",
         f"  {where}",
+        *nothing_left(trainer.step, steps),
+    ]
+
+
+def nothing_left(step: int, total: int) -> list[str]:
+    """The line a resume past the last step prints: it trains nothing, and says why."""
+    if step < total:
+        return []
+    return [
+        f"nothing left to train: the run is at step {step} of {total} "
+        "(trainer.total_training_steps, or the epochs' steps); raise it to train further"
     ]
