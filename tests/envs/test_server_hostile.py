@@ -87,7 +87,7 @@ async def slow_headers(url: str, give_up_s: float, out: list[float | None]) -> N
     host, port = host_port(url)
     t0 = time.monotonic()
     reader, writer = await asyncio.open_connection(host, port)
-    writer.write(b"GET /ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\n")
+    writer.write(b"GET /ws HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\n")
     try:
         while time.monotonic() - t0 < give_up_s:
             try:
@@ -138,11 +138,11 @@ def test_oversized_and_kept_alive_slow_headers() -> None:
     async def go(url: str) -> tuple[bytes, bytes, float]:
         host, port = host_port(url)
         reader, writer = await asyncio.open_connection(host, port)
-        writer.write(b"GET /health HTTP/1.1\r\nHost: x\r\n" + b"X-Big: " + b"a" * 100_000)
+        writer.write(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n" + b"X-Big: " + b"a" * 100_000)
         big = await asyncio.wait_for(reader.read(), 5.0)
         writer.close()
         reader, writer = await asyncio.open_connection(host, port)
-        writer.write(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        writer.write(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
         ok = await asyncio.wait_for(reader.readuntil(b'{"status":"ok"}'), 5.0)
         t0 = time.monotonic()
         writer.write(b"GET /health HTTP/1.1\r\n")

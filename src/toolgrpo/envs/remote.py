@@ -267,6 +267,8 @@ class RemoteEnv(Env):
             code = e.response.status_code
             hint = {401: " (check the token)", 403: " (check the token)"}.get(code, "")
             hint = " (server at its session limit, see --max-sessions)" if code == 503 else hint
+            said = (e.response.body or b"").decode("utf-8", "replace").strip()[:300]
+            hint = f": {said}" if code == 403 and said else hint  # serve-env's Origin/Host refusal
             await self._fail(f"{self.options.url} refused the session: HTTP {code}{hint}")
             return False
         except (OSError, asyncio.TimeoutError, WebSocketException) as e:

@@ -29,7 +29,9 @@ answers many tasks' openings in one session, each from an environment built, res
 the server; its reply covers the request's first tasks, and the client asks again for the rest
 (``server_openings.py``). ``GET /health`` is open; when the server has a token,
 ``GET /info`` (else 401) and the ``/ws`` handshake (else 403) need ``Authorization: Bearer <tok>``
-(scheme name in any case). There is no ``/docs`` or ``/openapi.json``.
+(scheme name in any case). There is no ``/docs`` or ``/openapi.json``. A request carrying a
+browser's ``Origin`` (unless ``--allow-origin`` names it) or a ``Host`` other than the bound
+address (unless ``--allow-host`` names it) is refused with HTTP 403 (``server_guard.py``).
 
 The answer stays with the trainer during the episode: the handshake reply's
 ``x-toolgrpo-ground-truth`` header says ``reward`` (the default: ``reset`` carries no ground truth,
@@ -54,7 +56,7 @@ import asyncio
 import hmac
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fastapi import Depends, FastAPI, Header, HTTPException, WebSocket, WebSocketDisconnect
@@ -62,6 +64,7 @@ from starlette.responses import PlainTextResponse
 from starlette.websockets import WebSocketState
 
 from toolgrpo.envs.registry import get_env_factory
+from toolgrpo.envs.server_guard import RequestGuard, allowed_hosts, normalize_origin
 from toolgrpo.envs.server_http import (
     HEADER_TIMEOUT_S,
     MAX_MESSAGE_BYTES,
@@ -124,15 +127,21 @@ def create_app(
     idle_timeout_s: float = 600.0,
     max_sessions: int = 1024,
     handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S,
+    host: str = "127.0.0.1",
+    allow_hosts: Sequence[str] = (),
+    allow_origins: Sequence[str] = (),
 ) -> FastAPI:
-    """An app serving ``env_type``; raises ``EnvConfigError`` now if the type or an option is
-    unknown, ``ValueError`` for limits out of range."""
+    """An app serving ``env_type`` from ``host`` (the address it is bound to: other ``Host``
+    headers are refused, as are browsers' ``Origin`` outside ``allow_origins``); raises
+    ``EnvConfigError`` now if the type or an option is unknown, ``ValueError`` for limits out of
+    range or an origin that is not one."""
     if not idle_timeout_s > 0:
         raise ValueError(f"--idle-timeout must be > 0 seconds, got {idle_timeout_s}")
     if not handshake_timeout_s > 0:
         raise ValueError(f"--handshake-timeout must be > 0 seconds, got {handshake_timeout_s}")
     if max_sessions < 1:
         raise ValueError(f"--max-sessions must be >= 1, got {max_sessions}")
+    origins = frozenset(normalize_origin(o) for o in allow_origins)
     factory = get_env_factory(env_type)
     options = dict(options)
     check_options(env_type, options)
@@ -141,6 +150,8 @@ def create_app(
     app = FastAPI(
         title=f"toolgrpo env: {env_type}", docs_url=None, redoc_url=None, openapi_url=None
     )
+    # Before any route: a web page the user has open reaches no endpoint (server_guard.py).
+    app.add_middleware(RequestGuard, hosts=allowed_hosts(host, allow_hosts), origins=origins)
     app.state.sessions = 0
     app.state.max_sessions = max_sessions
     app.state.idle_closed = 0
@@ -256,6 +267,8 @@ def serve(
     header_timeout_s: float = HEADER_TIMEOUT_S,
     handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S,
     max_connections: int | None = None,
+    allow_hosts: Sequence[str] = (),
+    allow_origins: Sequence[str] = (),
 ) -> None:
     """Run the server until interrupted; refuses a non-loopback address without a token.
     ``max_connections`` defaults to ``max_sessions`` plus room for health checks."""
@@ -274,7 +287,17 @@ def serve(
             f"({max_sessions}): every session holds a connection"
         )
     uv_options = uvicorn_options(header_timeout_s, max_connections)
-    app = create_app(env_type, options, token, idle_timeout_s, max_sessions, handshake_timeout_s)
+    app = create_app(
+        env_type,
+        options,
+        token,
+        idle_timeout_s,
+        max_sessions,
+        handshake_timeout_s,
+        host,
+        allow_hosts,
+        allow_origins,
+    )
     import uvicorn
 
     raise_fd_limit(max_connections)
