@@ -260,3 +260,28 @@ def test_a_config_path_with_an_equals_sign_is_the_config_not_an_override():
     assert cfg == path
     assert overrides == ["router.budget=0.3", "router.families_file=f.yaml"]
     assert _split(["router.families_file=f.yaml"]) == (None, ["router.families_file=f.yaml"])
+
+
+def test_options_after_the_overrides_count_as_options(monkeypatch, capsys):
+    """Was: ``train cfg.yaml --help`` and ``eval k=v --limit 2`` said "override '--help' is not
+    of the form key=value"."""
+    with pytest.raises(SystemExit) as e:
+        main(["train", "configs/x.yaml", "--help"])
+    assert e.value.code == 0 and "usage: toolgrpo train" in capsys.readouterr().out
+    seen: dict = {}
+    monkeypatch.setattr("toolgrpo.eval.cli.run_eval", lambda *a, **k: seen.update(a=a) or 0)
+    assert main(["eval", "data.val_max_samples=3", "--limit", "2", "--output=o.json"]) == 0
+    path, overrides, _ckpt, output, limit = seen["a"][:5]
+    assert (path, overrides, output, limit) == (None, ["data.val_max_samples=3"], "o.json", 2)
+    monkeypatch.setattr("toolgrpo.infer.run_infer", lambda *a, **k: seen.update(i=(a, k)))
+    assert main(["infer", "what is -5 + 3?", "--sample", "--task-type", "direct"]) == 0
+    (_path, _over, prompt, task_type), kw = seen["i"]
+    assert prompt == "what is -5 + 3?" and task_type == "direct" and kw["sample"] is True
+
+
+def test_an_unknown_option_after_the_overrides_is_named(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["eval", "data.val_max_samples=3", "--limt", "2"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "toolgrpo eval: error: unknown option '--limt'" in err and "--limit" in err

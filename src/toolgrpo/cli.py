@@ -10,8 +10,11 @@ import os
 import re
 import sys
 
-from toolgrpo.cli_help import CONFIG_ARGS, add_config_args, looks_like_override
+from toolgrpo.cli_errors import USER_ERRORS, sigterm_as_interrupt, stopped, user_cause, user_errors
+from toolgrpo.cli_help import CONFIG_ARGS, add_config_args, hoist_options, looks_like_override
 from toolgrpo.errors import UserError
+
+__all__ = ["USER_ERRORS", "main", "user_cause", "user_errors"]
 
 
 class UsageError(UserError):
@@ -73,13 +76,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     args.output_dir = cfg.trainer.output_dir  # named if interrupted
     trainer = Trainer(cfg)
     try:
-        history = trainer.fit()
+        trainer.fit()  # ends with the run's summary (where outputs are, what to open)
     finally:
         trainer.close()
-    if history:
-        last = history[-1]
-        print(json.dumps({k: last[k] for k in sorted(last) if k.startswith(("reward/", "step"))}))
-    print(f"outputs in {cfg.trainer.output_dir}")
     return 0
 
 
@@ -183,6 +182,8 @@ def cmd_serve_env(args: argparse.Namespace) -> int:
             header_timeout_s=args.header_timeout,
             handshake_timeout_s=args.handshake_timeout,
             max_connections=args.max_connections,
+            allow_hosts=args.allow_host,
+            allow_origins=args.allow_origin,
         )
     except (EnvConfigError, ValueError, ImportError) as e:
         print(f"toolgrpo serve-env: error: {e}", file=sys.stderr)
@@ -256,6 +257,20 @@ def _parser() -> argparse.ArgumentParser:
         "--handshake-timeout", type=float, default=30.0, help="seconds from upgrade to reset"
     )
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="env option")
+    p.add_argument(
+        "--allow-origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="a web page origin (scheme://host[:port]) that may connect; none by default",
+    )
+    p.add_argument(
+        "--allow-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="another name clients may call this server by (Host header); repeatable",
+    )
     add_import_arg(p, config=False)
     p.set_defaults(func=cmd_serve_env)
     from toolgrpo.router.label_cli import add_parser as add_label_parser
@@ -287,17 +302,19 @@ def _version() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = _parse(argv)
     from toolgrpo.run_log import setup_console
 
     restore_logging = setup_console(args.verbose)  # libraries' logs: run.log, not the console
     from toolgrpo.errors import one_line
 
     try:
-        return args.func(args)
-    except KeyboardInterrupt:  # Ctrl-C: where the run stands, not a traceback
-        print(f"toolgrpo {args.command}: interrupted{_resume_hint(args)}", file=sys.stderr)
-        return 130
+        with sigterm_as_interrupt():  # a scheduler's preemption stops a run as Ctrl-C does
+            return args.func(args)
+    except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: where the run stands, not a traceback
+        line, code = stopped(args.command, e, getattr(args, "output_dir", None))
+        print(line, file=sys.stderr)
+        return code
     except Exception as e:
         cause = user_cause(e)
         if cause is None:
@@ -312,59 +329,30 @@ def main(argv: list[str] | None = None) -> int:
         restore_logging()  # for callers in a process that goes on (tests)
 
 
-def _resume_hint(args: argparse.Namespace) -> str:
-    """For train and sft: the checkpoint the same command resumes from."""
-    out = getattr(args, "output_dir", None)
-    if not out:
-        return ""
-    from toolgrpo.trainer.checkpoint import latest_checkpoint
-
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    """The command line; options given after the config and overrides (``train cfg.yaml
+    --help``, ``eval k=v --limit 2``) count as if given before them."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    rest = getattr(args, "rest", None)
+    if not rest:
+        return args
     try:
-        ckpt = latest_checkpoint(out)
-    except OSError:
-        ckpt = None
-    if ckpt is None:
-        return f"; no checkpoint in {out} yet: the same command starts the run over"
-    return f"; run the same command again to resume from {ckpt} (trainer.resume=auto)"
+        moved, kept = hoist_options(_subparser(parser, args.command), rest)
+    except ValueError as e:  # an option this command does not have
+        parser.exit(2, f"toolgrpo {args.command}: error: {e}\n")
+    if not moved:
+        return args
+    head = argv[: len(argv) - len(rest)]
+    return parser.parse_args([*head, *moved, *kept])
 
 
-# Errors a user can fix, besides toolgrpo.errors.UserError (ConfigError, DataError,
-# ModelLoadError...): (module, class). Looked up only in modules already imported, since an
-# error of a module never imported cannot have been raised.
-USER_ERRORS = (
-    ("toolgrpo.models.registry", "ModelNotFound"),
-    ("toolgrpo.envs.registry", "EnvConfigError"),
-    ("toolgrpo.router.routes", "UnknownRoute"),
-    ("toolgrpo.router.families", "FamilyFileError"),
-    ("toolgrpo.trainer.episodes", "NonFiniteReward"),  # reward.nan_policy=error
-    ("toolgrpo.rollout.prompts", "PromptTooLong"),  # data.truncation=error
-    ("toolgrpo.rollout.episode", "EnvFailureError"),  # multi_turn.max_env_failure_ratio passed
-    ("toolgrpo.models.safe_load", "CheckpointError"),  # an unsafe or corrupt checkpoint
-)
-
-
-def user_errors() -> tuple[type[BaseException], ...]:
-    """The exception classes ``main`` prints as one line with exit code 2."""
-    found: list[type[BaseException]] = [UserError, FileNotFoundError]
-    for module, name in USER_ERRORS:
-        loaded = sys.modules.get(module)
-        if loaded is not None and hasattr(loaded, name):
-            found.append(getattr(loaded, name))
-    return tuple(found)
-
-
-def user_cause(e: BaseException) -> BaseException | None:
-    """``e`` or the first error it was raised from that the user can fix (a rollout thread's
-    NonFiniteReward arrives wrapped in the trainer's RuntimeError), else None."""
-    kinds = user_errors()
-    seen: BaseException | None = e
-    while seen is not None:
-        if isinstance(seen, kinds):
-            return seen
-        if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT):
-            return seen  # a full disk: the user's to fix, said in one line
-        seen = seen.__cause__
-    return None
+def _subparser(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return action.choices[command]
+    raise KeyError(command)
 
 
 if __name__ == "__main__":

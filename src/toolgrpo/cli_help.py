@@ -88,3 +88,42 @@ def looks_like_override(arg: str) -> bool:
     """``section.key=value`` with a known section (a misspelt key below it counts too)."""
     key, eq, _ = arg.partition("=")
     return bool(eq) and " " not in key and key.split(".", 1)[0] in config_sections()
+
+
+def hoist_options(p: argparse.ArgumentParser, rest: list[str]) -> tuple[list[str], list[str]]:
+    """``p``'s options found among the config arguments (``train cfg.yaml --help``, ``eval
+    k=v --limit 2``, ``infer PROMPT --sample``), with their values, and the arguments left
+    (after ``--``, nothing is an option). Raises ``ValueError`` naming an argument that looks
+    like an option but is none of ``p``'s (an override never starts with ``-``)."""
+    moved: list[str] = []
+    kept: list[str] = []
+    i = 0
+    while i < len(rest):
+        a = rest[i]
+        if a == "--":
+            kept.extend(rest[i:])
+            break
+        if not _looks_like_option(a):
+            kept.append(a)
+            i += 1
+            continue
+        name, eq, _ = a.partition("=")
+        action = p._option_string_actions.get(name if a.startswith("--") else a)
+        if action is None:
+            known = ", ".join(s for s in p._option_string_actions if s.startswith("--"))
+            raise ValueError(f"unknown option {a!r} (this command's options: {known})")
+        takes = 0 if action.nargs == 0 or eq else 1
+        moved.extend(rest[i : i + 1 + takes])
+        i += 1 + takes
+    return moved, kept
+
+
+def _looks_like_option(arg: str) -> bool:
+    """``-x``, ``--name`` or ``--name=value``; not ``-``, ``-5`` or a prompt with spaces."""
+    if not arg.startswith("-") or arg == "-" or any(c.isspace() for c in arg.partition("=")[0]):
+        return False
+    try:
+        float(arg)
+    except ValueError:
+        return True
+    return False
