@@ -9,11 +9,15 @@ from toolgrpo.cli import main
 from toolgrpo.infer import run_infer
 
 
-def test_infer_prints_the_episode(tiny_model_dir):
+def test_infer_prints_the_episode(tiny_model_dir, tmp_path):
     console = Console(record=True, width=120)
     ep = run_infer(
         None,
-        [f"actor_rollout_ref.model.path={tiny_model_dir}", "data.max_response_length=12"],
+        [
+            f"actor_rollout_ref.model.path={tiny_model_dir}",
+            "data.max_response_length=12",
+            f"trainer.output_dir={tmp_path}",
+        ],
         "call f 1",
         "rlla",
         ground_truth=GROUND_TRUTH,
@@ -23,6 +27,7 @@ def test_infer_prints_the_episode(tiny_model_dir):
     text = console.export_text()
     assert "assistant" in text and "call f 1" in text and f"stop={ep.stop_reason}" in text
     assert ep.num_turns == 1 and "reward=" in text and 0 < len(ep.response_ids) <= 12
+    assert (tmp_path / "run.log").is_file()  # the libraries' lines, as train's and eval's
 
 
 def test_infer_unknown_task_type_is_a_clear_error(tiny_model_dir, capsys):

@@ -16,14 +16,15 @@ import pytest
 from tests.conftest import train_overrides
 from toolgrpo import run_log
 from toolgrpo.run_log import ConsoleFilter, RunLog
+from toolgrpo.safe_io import LinkRefused
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
-# toolgrpo's own console lines: the start-up and end summaries, phases, steps, the progress bar,
-# its log records and the JSON line ``toolgrpo train`` prints last.
+# toolgrpo's own console lines: the start-up and end summaries, phases, steps, the progress bar
+# and its log records (``toolgrpo train`` ends with the summary: no JSON line after it).
 OURS = re.compile(
     r"^(toolgrpo|model: |step \d|train |outputs|  |no held-out|best held-out|report: "
-    r"|TensorBoard: |\{|(DEBUG|INFO|WARNING|ERROR) toolgrpo)"
+    r"|TensorBoard: |(DEBUG|INFO|WARNING|ERROR) toolgrpo)"
 )
 
 
@@ -87,7 +88,8 @@ def quiet_train_env() -> dict[str, str]:
     """The environment of a ``toolgrpo train`` subprocess, with none of the logging settings a
     test session may carry."""
     env = {**os.environ, "PYTHONPATH": str(SRC), "OMP_NUM_THREADS": "1"}
-    for k in (run_log.LEVEL_ENV, "VLLM_CONFIGURE_LOGGING", "TORCH_LOGS", "VLLM_LOGGING_LEVEL"):
+    quiet = ("VLLM_CONFIGURE_LOGGING", "TORCH_LOGS", "VLLM_LOGGING_LEVEL", "TORCH_CPP_LOG_LEVEL")
+    for k in (run_log.LEVEL_ENV, "TQDM_DISABLE", *quiet):
         env.pop(k, None)
     return env
 
@@ -101,6 +103,7 @@ def check_quiet_run(p: subprocess.CompletedProcess, out: Path) -> None:
     assert len(foreign) <= 40, "\n".join(foreign)
     assert any(s.startswith("model: ") for s in lines)  # what runs, said at start
     assert sum(s.startswith("step 1: ") for s in lines) == 1
+    assert not any(s.startswith("{") for s in lines)  # the summary ends it, no raw JSON line
     log = out / "run.log"
     assert log.is_file() and "transformers" in log.read_text()
 
@@ -124,7 +127,10 @@ def test_console_floor_is_raised_only_while_a_run_log_is_open(tmp_path, monkeypa
 
 
 def test_run_log_is_never_written_through_a_link(tmp_path):
+    """A linked run.log is refused with a one-line user error naming it (it used to be a raw
+    ``OSError: [Errno 40]`` and a traceback), and its target is untouched."""
     (tmp_path / "elsewhere").write_text("")
     (tmp_path / "run.log").symlink_to(tmp_path / "elsewhere")
-    with pytest.raises(OSError):
+    with pytest.raises(LinkRefused, match=r"run\.log is a symbolic link"):
         RunLog(tmp_path).close()
+    assert (tmp_path / "elsewhere").read_text() == ""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -12,10 +13,12 @@ from rich.panel import Panel
 
 from toolgrpo.config.loader import load_config
 from toolgrpo.config.schema import TrainConfig
-from toolgrpo.data.loader import DataError, check_text
+from toolgrpo.data.loader import check_text
 from toolgrpo.data.task import Task
 from toolgrpo.distributed.fsdp import resolve_device
 from toolgrpo.envs.plugins import load_run_plugins
+from toolgrpo.envs.registry import EnvRouter
+from toolgrpo.errors import DataError
 from toolgrpo.eval.cli import apply_checkpoint
 from toolgrpo.eval.evaluate import val_sampling_params
 from toolgrpo.models.loading import load_policy
@@ -25,6 +28,7 @@ from toolgrpo.rollout.episode import Episode
 from toolgrpo.rollout.hf import HFGenerator
 from toolgrpo.rollout.multi_turn import play_task
 from toolgrpo.router.infer import describe, route_for_infer
+from toolgrpo.run_log import RunLog
 from toolgrpo.trainer.episodes import episode_limits, make_router
 
 _STYLE = {"system": "dim", "user": "cyan", "assistant": "green", "tool": "yellow"}
@@ -57,6 +61,28 @@ def run_infer(
         apply_checkpoint(cfg, checkpoint)
     router = make_router(cfg, RllaFlags(**vars(cfg.reward.rlla)))
     router.check({task_type})
+    # then the model: the libraries' start-up lines go to run.log, as train's and eval's do
+    run_log = RunLog(Path(cfg.trainer.output_dir), cfg.trainer.verbose)
+    try:
+        return _play(
+            cfg, router, prompt, task_type, checkpoint, ground_truth, system, sample, console, route
+        )
+    finally:
+        run_log.close()
+
+
+def _play(
+    cfg: TrainConfig,
+    router: EnvRouter,
+    prompt: str,
+    task_type: str,
+    checkpoint: str | None,
+    ground_truth: str,
+    system: str | None,
+    sample: bool,
+    console: Console | None,
+    route: str | None,
+) -> Episode:
     policy = load_policy(
         cfg.actor_rollout_ref.model, trainable=False, device=resolve_device(cfg.trainer.device)
     )

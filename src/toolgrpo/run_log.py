@@ -1,11 +1,12 @@
 """A quiet console, a complete run log.
 
 Libraries (vLLM, transformers, torch, Ray, httpx, ...) log hundreds of start-up lines that bury
-toolgrpo's own. While a run's log is open (``toolgrpo train``, ``toolgrpo sft``) the console shows
-toolgrpo's lines and the libraries' errors only; everything, library INFO and Python warnings
-included, goes to ``<output_dir>/run.log`` (commands without a run directory keep library
-warnings on the console). ``trainer.verbose`` (or ``toolgrpo -v``, or
-``TOOLGRPO_LOG_LEVEL=INFO|DEBUG``) brings the libraries back to the console.
+toolgrpo's own. While a run log is open (every command that starts a model: ``train`` and
+``sft`` in their output directory, ``eval`` beside its JSON, ``infer`` in ``trainer.output_dir``)
+the console shows toolgrpo's lines and the libraries' errors only; everything, library INFO and
+Python warnings included, goes to ``run.log`` (commands without one keep library warnings on the
+console). ``trainer.verbose`` (or ``toolgrpo -v``, or ``TOOLGRPO_LOG_LEVEL=INFO|DEBUG``) brings
+the libraries back to the console.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from toolgrpo.safe_io import open_append
 
 LEVEL_ENV = "TOOLGRPO_LOG_LEVEL"
 LOG_NAME = "run.log"
@@ -47,6 +50,11 @@ def quiet_libraries(verbose: bool = False) -> None:
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     if level is None:  # torch's own stderr handler: errors only (read at ``import torch``)
         os.environ.setdefault("TORCH_LOGS", "-all")
+        # torch's C++ warnings (``[W ... utils.cpp] Warning: NUMA binding ...``) skip logging
+        os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+        # tqdm bars written straight to stderr (transformers' GGUF conversion, vLLM's loaders);
+        # read when tqdm is first imported
+        os.environ.setdefault("TQDM_DISABLE", "1")
 
 
 class ConsoleFilter(logging.Filter):
@@ -114,7 +122,7 @@ def setup_console(verbose: bool = False) -> Callable[[], None]:
     handler.setLevel(min(level or logging.WARNING, logging.INFO if verbose else logging.WARNING))
     for f in list(handler.filters):
         handler.removeFilter(f)
-    # Without a run log (eval, infer) library warnings stay; RunLog raises this to ERROR.
+    # Without a run log (report, label) library warnings stay; RunLog raises this to ERROR.
     handler.addFilter(ConsoleFilter(logging.WARNING if level is None else level))
     root.setLevel(min(root.level or logging.WARNING, handler.level))
     quiet_libraries(verbose)
@@ -148,11 +156,10 @@ def _undo(root: logging.Logger, handler: logging.Handler, level: int) -> Callabl
 
 
 class _NoLinkFileHandler(logging.FileHandler):
-    """Appends, never through a link (as every file of the run directory is written)."""
+    """Appends, never through a link (``safe_io``: a linked run.log is refused in one line)."""
 
     def _open(self) -> Any:
-        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
-        return os.fdopen(os.open(self.baseFilename, flags, 0o644), "a", encoding=self.encoding)
+        return open_append(self.baseFilename, encoding=self.encoding or "utf-8")
 
     def handleError(self, record: logging.LogRecord) -> None:
         """A full disk: said once, in one line, by the run's own writes; no traceback per record."""

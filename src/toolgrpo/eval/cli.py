@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
-from toolgrpo import progress
+from toolgrpo import progress, safe_io
 from toolgrpo.config.loader import load_config
 from toolgrpo.config.schema import TrainConfig
 from toolgrpo.config.validate import validate_train_config
 from toolgrpo.data.loader import load_tasks
+from toolgrpo.data.task import Task
 from toolgrpo.distributed.fsdp import resolve_device
 from toolgrpo.envs.plugins import load_run_plugins
 from toolgrpo.eval.evaluate import check_scorable, evaluate, val_sampling_params
@@ -25,7 +27,9 @@ from toolgrpo.models.registry import resolve_model
 from toolgrpo.rewards.scoring import check_task
 from toolgrpo.rewards.types import RllaFlags
 from toolgrpo.rollout.hf import HFGenerator
+from toolgrpo.run_log import RunLog
 from toolgrpo.trainer.rollout_dump import make_dumper
+from toolgrpo.trainer.run_lock import RunLock, lock_run_dir, refuse_live_run_above
 
 
 def apply_checkpoint(cfg: TrainConfig, checkpoint: str) -> str:
@@ -57,6 +61,29 @@ def run_eval(*args: Any, **kwargs: Any) -> int:
         return _run_eval(*args, **kwargs)
 
 
+@contextmanager
+def hold_outputs(out: Path, dump_dir: str, verbose: bool = False) -> Iterator[RunLog]:
+    """What eval writes, held as a trainer holds its run directory: the output's folder (and
+    the dump folder) locked for this process, so a second eval, or a live trainer's run
+    directory, is refused in one line; the libraries' logs go to ``run.log`` beside the
+    output, as a training run's do. Checked before the model loads."""
+    safe_io.refuse_link(out)
+    held = [(out.parent, "--output")] + ([(Path(dump_dir), "--rollout-data-dir")] * bool(dump_dir))
+    locks: list[RunLock] = []
+    try:
+        for where, key in held:  # one folder twice (dumps beside the JSON) is held twice
+            refuse_live_run_above(where, key)
+            locks.append(lock_run_dir(where, key))
+        run_log = RunLog(out.parent, verbose)
+        try:
+            yield run_log
+        finally:
+            run_log.close()
+    finally:
+        for lock in locks:
+            lock.release()
+
+
 def _run_eval(
     config_path: str | None,
     overrides: list[str],
@@ -84,8 +111,22 @@ def _run_eval(
     # --limit N: the first N tasks round-robin over the files, as data.val_max_samples takes them
     tasks = load_tasks(d.val_files, d.bad_rows, limit, check_task).tasks
     out = Path(output) if output else Path(cfg.trainer.output_dir) / "eval.json"
+    with hold_outputs(out, cfg.trainer.rollout_data_dir, cfg.trainer.verbose) as run_log:
+        return _score(cfg, tasks, label, out, keep_samples, checkpoint, run_log)
+
+
+def _score(
+    cfg: TrainConfig,
+    tasks: list[Task],
+    label: str,
+    out: Path,
+    keep_samples: int,
+    checkpoint: str | None,
+    run_log: RunLog,
+) -> int:
+    d = cfg.data
     if plays_episodes(cfg, tasks):  # environment tasks: played as episodes (eval/multi_turn.py)
-        return run_episode_eval(cfg, tasks, label, out, keep_samples, checkpoint)
+        return run_episode_eval(cfg, tasks, label, out, keep_samples, checkpoint, logs=run_log.path)
     check_scorable(tasks, d.val_files, "use an RLLA dataset")
     policy = load_policy(
         cfg.actor_rollout_ref.model, trainable=False, device=resolve_device(cfg.trainer.device)
@@ -107,8 +148,7 @@ def _run_eval(
             make_dumper(cfg.trainer),
         )
     record = {"model": label, "val_files": d.val_files, **res.to_dict()}
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(record, indent=1))
+    safe_io.write_text(out, json.dumps(record, indent=1))
     table = Table(title=f"toolgrpo eval: {label} on {', '.join(d.val_files)}")
     for col in ("tasks", "reward", "format", "correctness", "format rate", "exact-call rate"):
         table.add_column(col)
@@ -121,5 +161,5 @@ def _run_eval(
         f"{res.exact_call_rate:.1%}",
     )
     Console().print(table)
-    print(f"wrote {out}")
+    print(f"wrote {out}  (library logs: {run_log.path})")
     return 0

@@ -19,7 +19,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from toolgrpo import progress
+from toolgrpo import progress, safe_io
 from toolgrpo.config.loader import ConfigError
 from toolgrpo.config.schema import TrainConfig
 from toolgrpo.data.task import Task
@@ -276,9 +276,10 @@ def run_episode_eval(
     keep_samples: int,
     checkpoint: str | None = None,
     policy: Any = None,
+    logs: Path | None = None,
 ) -> int:
     """``toolgrpo eval``'s episode branch: check, load the policy (unless given), play, write
-    the JSON, print the table."""
+    the JSON, print the table (and where the library logs went: ``logs``)."""
     check_episode_eval(cfg, tasks, checkpoint)
     if policy is None:
         policy = load_policy(
@@ -296,8 +297,7 @@ def run_episode_eval(
         "val_files": list(cfg.data.val_files),
         **evaluate_episodes(cfg, policy, tasks, keep_samples, checkpoint),
     }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(record, indent=1))
+    safe_io.write_text(out, json.dumps(record, indent=1))  # never through a link
     print_episode_table(label, cfg.data.val_files, record)
-    print(f"wrote {out}")
+    print(f"wrote {out}" + (f"  (library logs: {logs})" if logs else ""))
     return 0

@@ -11,10 +11,12 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import stat
 import weakref
 from pathlib import Path
 
 from toolgrpo.errors import UserError
+from toolgrpo.safe_io import path_kind
 
 LOCK_FILE = ".toolgrpo.lock"
 
@@ -60,16 +62,10 @@ def _holder(fd: int) -> str:
     return f"pid {text}" if text.isdigit() else "pid unknown"
 
 
-def lock_run_dir(run_dir: Path) -> RunLock:
-    """Hold ``run_dir`` (created if missing) for this process, or raise ``RunLocked`` naming
-    the process that holds it. Never blocks."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    key = os.path.realpath(run_dir)
-    if key in _HELD:
-        _HELD[key][1] += 1
-        return RunLock(run_dir, key)
-    path = run_dir / LOCK_FILE
-    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+def _open_lock(path: Path) -> int:
+    """The lock file's descriptor; a link, a FIFO or anything but a regular file is refused
+    in one line that says what it is (``O_NONBLOCK``: opening a FIFO must not wait)."""
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
     try:
         fd = os.open(path, flags, 0o644)
     except OSError as e:
@@ -78,7 +74,28 @@ def lock_run_dir(run_dir: Path) -> RunLock:
                 f"{path} is a symbolic link: toolgrpo does not follow links out of a run "
                 "directory; remove it"
             ) from None
-        raise UserError(f"cannot open the run lock {path}: {e.strerror or e}") from None
+        raise UserError(
+            f"cannot open the run lock {path} ({path_kind(path)}): {e.strerror or e}"
+        ) from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise UserError(
+            f"the run lock {path} is {path_kind(path)}, not a regular file: remove it (toolgrpo "
+            "creates it again)"
+        )
+    return fd
+
+
+def lock_run_dir(run_dir: Path, key_name: str = "trainer.output_dir") -> RunLock:
+    """Hold ``run_dir`` (created if missing) for this process, or raise ``RunLocked`` naming
+    the process that holds it (and ``key_name``, the setting that chose it). Never blocks."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    key = os.path.realpath(run_dir)
+    if key in _HELD:
+        _HELD[key][1] += 1
+        return RunLock(run_dir, key)
+    path = run_dir / LOCK_FILE
+    fd = _open_lock(path)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as e:
@@ -88,9 +105,32 @@ def lock_run_dir(run_dir: Path) -> RunLock:
             raise UserError(f"cannot lock {path}: {e.strerror or e}") from None
         raise RunLocked(
             f"another toolgrpo process ({who}) is writing {run_dir}: wait for it to end, or "
-            "choose another trainer.output_dir"
+            f"choose another {key_name}"
         ) from None
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     _HELD[key] = [fd, 1]
     return RunLock(run_dir, key)
+
+
+def refuse_live_run_above(path: Path, key_name: str) -> None:
+    """Raise ``RunLocked`` when a folder above ``path`` is a run directory another live
+    process holds (``--rollout-data-dir RUN/rollout_data`` while RUN trains). Looks only:
+    creates no lock file, and lets go of one it could take at once."""
+    for parent in Path(os.path.realpath(path)).parents:
+        lock = parent / LOCK_FILE
+        if str(parent) in _HELD or not lock.is_file() or lock.is_symlink():
+            continue
+        try:
+            fd = os.open(lock, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError:
+            raise RunLocked(
+                f"{path} is inside {parent}, which another toolgrpo process ({_holder(fd)}) is "
+                f"writing: wait for it to end, or choose another {key_name}"
+            ) from None
+        finally:
+            os.close(fd)
