@@ -9,6 +9,15 @@ the project's advantage estimators and the fate each failed attempt meets in the
 (``rollback.failure_fate``); ``test_the_model_is_what_the_episode_loop_trains`` checks, with
 the real episode loop, that the model's rows are the rows the trainer gets. More negative is
 a stronger push away from failing. docs/multi_turn.md quotes these numbers.
+
+What the model shows is an ordering, not unbiasedness: every mode that keeps its failures (each
+as a negative, standing, or forked) pushes failing calls down at least as hard as no rollback;
+``retry`` trains its repaired rows as first tries, so its kept rows are a selected sample.
+
+Fission forks a failing episode into ``K`` continuations sampled from its error feedback, trained
+as their own group; the original group is exactly no rollback's. In the bandit a continuation's
+call fails with the same p (the policy has one logit), so each fork group adds a no-rollback
+group of size K: ``fission_gradient``.
 """
 
 from __future__ import annotations
@@ -41,7 +50,7 @@ Fates = Callable[[RollbackPolicy, int, NegativeBudget], str]
 NO_ROLLBACK = None
 NEGATIVES_OFF = RollbackPolicy(save_negatives=False)
 DEFAULT = RollbackPolicy()  # uncapped negatives, retry
-FISSION = RollbackPolicy(mode="fission")
+RELABEL = RollbackPolicy(mode="relabel")
 
 
 def design_004_fate(policy: RollbackPolicy, attempts: int, budget: NegativeBudget) -> str:
@@ -103,6 +112,20 @@ def expected_gradient(G: int, policy: RollbackPolicy | None, **kw) -> float:
     return sum(pr * group_gradient(*key, p=p, estimator=est) for key, pr in dist.items())
 
 
+def fission_gradient(
+    G: int, K: int, cap: int | None = None, p: float = P, estimator: str = "grpo"
+) -> float:
+    """Fission: the original group as without rollback, plus one group of K continuations for
+    each failed episode (up to ``cap`` a step): E[min(f, cap)] times a K-group's gradient."""
+    base = expected_gradient(G, NO_ROLLBACK, p=p, estimator=estimator)
+    forks = sum(
+        math.comb(G, f) * p**f * (1 - p) ** (G - f) * (f if cap is None else min(f, cap))
+        for f in range(G + 1)
+    )
+    group = expected_gradient(K, NO_ROLLBACK, p=p, estimator=estimator)
+    return base + forks * group
+
+
 def no_signal_share(G: int, policy: RollbackPolicy | None) -> float:
     """The share of groups whose every advantage is 0."""
     dist = outcome_distribution(G, policy)
@@ -127,6 +150,13 @@ EXACT = {
     (8, "uncapped (default)"): -5.0563,  # review: -5.10
     (8, "design 004 cap 1"): -2.4288,  # review: -2.45
     (8, "design 004 cap 2"): -3.4122,  # review: -3.43
+}
+FISSION_EXACT = {  # (G, K, cap): fission_gradient
+    (4, 4, None): -2.6160,
+    (4, 4, 1): -2.0927,
+    (4, 2, None): -1.5455,
+    (8, 4, None): -5.9382,
+    (8, 4, 2): -5.0905,
 }
 SETUPS: dict[str, tuple[RollbackPolicy | None, Fates]] = {
     "no rollback": (NO_ROLLBACK, failure_fate),
@@ -168,13 +198,29 @@ def test_the_default_never_weakens_the_push_away_from_failing(G):
     without it. Design 004 (erase past the cap) and negatives off fail this."""
     base = expected_gradient(G, NO_ROLLBACK)
     assert expected_gradient(G, DEFAULT) <= base
-    assert expected_gradient(G, FISSION) <= base
+    assert expected_gradient(G, RELABEL) <= base
+    assert fission_gradient(G, K=4) <= base
     for cap in (0, 1, 2, 3):  # the cap is an option, not a hole: past it failures stand
         assert expected_gradient(G, capped(cap)) <= base + 1e-12, cap
     assert expected_gradient(G, capped(0)) == pytest.approx(base)  # cap 0: nothing rolled back
     assert expected_gradient(G, NEGATIVES_OFF) > base
     if G == 8:
         assert expected_gradient(G, capped(1), fate=design_004_fate) > base
+
+
+@pytest.mark.parametrize(("G", "K", "cap"), sorted(FISSION_EXACT, key=str))
+def test_the_fission_table(G, K, cap):
+    assert fission_gradient(G, K, cap) == pytest.approx(FISSION_EXACT[(G, K, cap)], abs=1e-4)
+
+
+@pytest.mark.parametrize("estimator", ["grpo", "dr_grpo", "rloo"])
+def test_fission_never_weakens_and_grows_with_its_forks(estimator):
+    for p, G, K in itertools.product((0.1, 0.3, 0.7), (4, 8), (2, 4)):
+        base = expected_gradient(G, NO_ROLLBACK, p=p, estimator=estimator)
+        got = [fission_gradient(G, K, cap, p, estimator) for cap in (0, 1, 2, None)]
+        assert got[0] == pytest.approx(base)  # no fork: exactly no rollback
+        assert all(b <= a + 1e-12 for a, b in itertools.pairwise(got)), (p, G, K, got)
+        assert got[-1] < base
 
 
 @pytest.mark.parametrize("estimator", ["grpo", "dr_grpo", "rloo"])
@@ -222,10 +268,13 @@ def tagged(k: int) -> Callable[[EnvStart], EnvStart]:
     return condition
 
 
-def loop_gradient(tok, outcomes: tuple[str, ...], policy: RollbackPolicy | None) -> float:
+def loop_gradient(
+    tok, outcomes: tuple[str, ...], policy: RollbackPolicy | None, gen: PerEpisode | None = None
+) -> float:
     """Play the outcomes through the real loop, collate, take the trainer's advantages, and sum
-    A times d log pi/dz over every trained call turn of every row."""
-    gen = PerEpisode(tok, {k: list(SCRIPTS[o]) for k, o in enumerate(outcomes)})
+    A times d log pi/dz over every trained call turn of every row (fission's continuations'
+    rows included)."""
+    gen = gen or PerEpisode(tok, {k: list(SCRIPTS[o]) for k, o in enumerate(outcomes)})
     batcher = GenerationBatcher(gen, SamplingParams(max_new_tokens=64))
     router = EnvRouter({"div": {"type": "test_div", "max_turns": 4}})
     conds = [tagged(k) for k in range(len(outcomes))]
@@ -235,8 +284,9 @@ def loop_gradient(tok, outcomes: tuple[str, ...], policy: RollbackPolicy | None)
     eps = asyncio.run(run)
     batcher.close()
     batch = collate_episodes(eps, tok.pad_token_id, with_negatives=True)
-    negs = batch.size - len(eps)
-    batch.scores_B = torch.tensor([e.reward for e in eps] + [-1.0] * negs)
+    forks = [f.reward for e in eps for f in e.forks]
+    negs = batch.size - len(eps) - len(forks)
+    batch.scores_B = torch.tensor([e.reward for e in eps] + [-1.0] * negs + forks)
     Trainer.compute_advantages(SimpleNamespace(cfg=TrainConfig(), kl_ctrl=None), batch)
     total = 0.0
     for i in range(batch.size):
@@ -255,7 +305,7 @@ def model_rows(outcomes: tuple[str, ...]) -> tuple[int, int, int]:
     return s, len(outcomes) - s, k
 
 
-@pytest.mark.parametrize("mode", ["none", "retry", "fission"])
+@pytest.mark.parametrize("mode", ["none", "retry", "relabel"])
 def test_the_model_is_what_the_episode_loop_trains(tiny_model_dir, mode):
     from transformers import AutoTokenizer
 
@@ -266,3 +316,54 @@ def test_the_model_is_what_the_episode_loop_trains(tiny_model_dir, mode):
         s, f, k = model_rows(outcomes) if policy else (outcomes.count("S"), outcomes.count("F"), 0)
         want = group_gradient(s, f, k)
         assert loop_gradient(tok, outcomes, policy) == pytest.approx(want, abs=1e-5), outcomes
+
+
+class ForkAware(PerEpisode):
+    """Parents as ``PerEpisode``; once a parent has written its script, a request with its tag
+    is one of its continuations: its first turn from ``forks[tag]`` in order, then the answer,
+    right after a success and wrong after an error."""
+
+    def __init__(self, tokenizer, script, forks) -> None:
+        super().__init__(tokenizer, script)
+        self.forks = forks
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
+        out = []
+        for i, p in enumerate(prompts):
+            text = self.tokenizer.decode(p, skip_special_tokens=False)
+            tag = int(text.split("[episode ", 1)[1].split("]", 1)[0])
+            for _ in range(params.n):
+                if self.script[tag]:
+                    reply = self.script[tag].pop(0)
+                elif text.count("<|im_start|>assistant") == 2:
+                    reply = self.forks[tag].pop(0)
+                else:
+                    reply = (
+                        WRONG
+                        if "ZeroDivisionError" in text.rsplit("<|im_start|>", 2)[1]
+                        else ANSWER
+                    )
+                ids = self.tokenizer(reply, add_special_tokens=False)["input_ids"]
+                ids = list(ids) + self.eos_ids
+                out.append(Completion(i, list(p), ids, [-0.1] * len(ids), "stop"))
+        return out
+
+
+def test_the_fission_model_is_what_the_episode_loop_trains(tiny_model_dir):
+    """Every pair of parents (a success or a standing failure each) and every pair of outcomes
+    of a failed parent's K = 2 continuations: the loop's rows give the model's gradient, the
+    parents' group as without rollback plus one K-group per fork."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    policy = RollbackPolicy(mode="fission", fission_group_size=2)
+    for parents, kids in itertools.product(
+        itertools.product(("S", "F"), repeat=2), itertools.product(("S", "F"), repeat=2)
+    ):
+        script = {k: list(SCRIPTS[o]) for k, o in enumerate(parents)}
+        forks = {k: [GOOD if o == "S" else BAD for o in kids] for k in range(len(parents))}
+        gen = ForkAware(tok, script, forks)
+        got = loop_gradient(tok, parents, policy, gen)
+        want = group_gradient(parents.count("S"), parents.count("F"), 0)
+        want += parents.count("F") * group_gradient(kids.count("S"), kids.count("F"), 0)
+        assert got == pytest.approx(want, abs=1e-5), (parents, kids)

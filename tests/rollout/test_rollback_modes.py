@@ -1,6 +1,7 @@
-"""What becomes of each failed tool attempt: a negative (then retried, or forked with its error
-feedback in ``fission``), left standing (retries spent, or the group's cap), or erased (only with
-negatives off, and counted). No mode drops a failure silently."""
+"""What becomes of each failed tool attempt: a negative (then retried, or gone on from with its
+error feedback in ``relabel``), left standing (retries spent, or the group's cap), or erased (only
+with negatives off, and counted). No mode drops a failure silently. Fission's forks are tested in
+``test_fission.py``."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from toolgrpo.config.schema import TrainConfig
 from toolgrpo.config.validate import validate_train_config
 from toolgrpo.data.task import Task
 from toolgrpo.envs.registry import EnvRouter
+from toolgrpo.rollout.fission import make_recorder
 from toolgrpo.rollout.rollback import (
     NegativeBudget,
     RollbackPolicy,
@@ -34,7 +36,7 @@ from toolgrpo.tools.types import ToolResult
 from toolgrpo.trainer.episodes import EpisodeRunner
 
 KEY = "actor_rollout_ref.rollout.multi_turn."
-FISSION = RollbackPolicy(mode="fission")
+RELABEL = RollbackPolicy(mode="relabel")
 
 
 @pytest.fixture(scope="module")
@@ -68,11 +70,11 @@ def test_negatives_off_erases_and_counts_it(tok):
     assert r.repaired and ep.reward == 1.0
 
 
-# ---- fission -----------------------------------------------------------------------------------
+# ---- relabel -----------------------------------------------------------------------------------
 
 
-def test_fission_forks_the_failure_and_goes_on_from_its_error_feedback(tok):
-    ep, gen = play(tok, {0: [BAD], 1: [GOOD], 2: [ANSWER]}, div_env(), FISSION)
+def test_relabel_keeps_the_failure_and_goes_on_from_its_error_feedback(tok):
+    ep, gen = play(tok, {0: [BAD], 1: [GOOD], 2: [ANSWER]}, div_env(), RELABEL)
     assert ep.reward == 1.0 and ep.num_turns == 3 and len(gen.sampled) == 3
     r = ep.rollback
     assert (r.failed, r.forks, r.rollbacks, r.retries, r.recovered) == (1, 1, 1, 1, 1)
@@ -96,9 +98,9 @@ def test_fission_forks_the_failure_and_goes_on_from_its_error_feedback(tok):
     ]
 
 
-def test_fission_forks_max_retries_times_in_a_row_then_the_failure_stands(tok):
+def test_relabel_max_retries_times_in_a_row_then_the_failure_stands(tok):
     script = {0: [BAD], 1: [BAD], 2: [BAD], 3: [ANSWER]}
-    ep, gen = play(tok, script, div_env(max_turns=5), FISSION)
+    ep, gen = play(tok, script, div_env(max_turns=5), RELABEL)
     r = ep.rollback
     assert (r.failed, r.forks, r.rollbacks, r.recovered) == (3, 2, 1, 0)
     assert [n.attempt for n in ep.negatives] == [0, 1]
@@ -106,35 +108,38 @@ def test_fission_forks_max_retries_times_in_a_row_then_the_failure_stands(tok):
     assert trained == [gen.sampled[2][0], gen.sampled[3][0]]  # the standing failure, the answer
 
 
-def test_fission_on_the_last_turn_leaves_the_failure_standing(tok):
-    ep, gen = play(tok, {0: [GOOD], 1: [BAD]}, div_env(max_turns=2), FISSION)
+def test_relabel_on_the_last_turn_leaves_the_failure_standing(tok):
+    ep, gen = play(tok, {0: [GOOD], 1: [BAD]}, div_env(max_turns=2), RELABEL)
     assert ep.stop_reason == "max_turns" and not ep.negatives
     assert (ep.rollback.failed, ep.rollback.forks) == (1, 0)
     assert ones(ep.response_ids, ep.response_mask)[-1] == gen.sampled[-1][0]
 
 
-def test_fission_needs_no_snapshots(tok):
-    """Nothing is restored in fission, so environments that cannot copy their state (MCP,
-    OpenEnv, remote sessions) may use it; retry refuses them."""
+def test_relabel_needs_no_snapshots(tok):
+    """Nothing is restored in relabel, so environments that cannot copy their state (MCP,
+    OpenEnv, remote sessions) may use it; retry refuses them, and so does fission (its forks
+    restore a state into a new environment)."""
     env = PlainEnv()
-    assert make_guard(env, "plain", FISSION, None) is not None
+    assert make_guard(env, "plain", RELABEL, None) is not None
     with pytest.raises(SnapshotUnsupported):
         make_guard(env, "plain", RollbackPolicy(), None)
+    with pytest.raises(SnapshotUnsupported, match="rollback_mode=fission"):
+        make_recorder(env, TASK, RollbackPolicy(mode="fission"), None)
 
     class NoSnapshot(ScriptedEnv):
         supports_snapshot = False
 
         def snapshot(self):
-            raise AssertionError("fission must not snapshot")
+            raise AssertionError("relabel must not snapshot")
 
     boom = [ToolResult("boom", True, "exception", "div")]
     ok = [ToolResult("2.0", name="div")]
-    ep, _ = play(tok, {0: [BAD], 1: [GOOD], 2: [ANSWER]}, NoSnapshot([boom, ok]), FISSION)
+    ep, _ = play(tok, {0: [BAD], 1: [GOOD], 2: [ANSWER]}, NoSnapshot([boom, ok]), RELABEL)
     assert ep.rollback.forks == 1 and ep.rollback.recovered == 1 and len(ep.negatives) == 1
 
 
-def test_fission_cap_past_which_failures_stand(tok):
-    policy = RollbackPolicy(mode="fission", max_negatives_per_group=1)
+def test_relabel_cap_past_which_failures_stand(tok):
+    policy = RollbackPolicy(mode="relabel", max_negatives_per_group=1)
     script = {0: [BAD], 1: [BAD], 2: [ANSWER]}
     ep, gen = play(tok, script, div_env(), policy, NegativeBudget(1))
     r = ep.rollback
@@ -154,10 +159,11 @@ def test_config_keys_and_defaults():
     mt = TrainConfig().actor_rollout_ref.rollout.multi_turn
     assert mt.rollback_mode == "retry" and mt.max_negative_samples_per_group is None
     assert mt.save_negative_samples and mt.max_tool_retries == 2
-    c = _cfg("rollback_mode=fission", "max_negative_samples_per_group=3")
+    assert mt.fission_group_size == 4 and mt.max_fission_forks_per_step == 8
+    c = _cfg("rollback_mode=relabel", "max_negative_samples_per_group=3")
     validate_train_config(c)
     p = RollbackPolicy.from_config(c.actor_rollout_ref.rollout.multi_turn)
-    assert p.mode == "fission" and p.max_negatives_per_group == 3
+    assert p.mode == "relabel" and p.max_negatives_per_group == 3
     c = _cfg("max_negative_samples_per_group=null")
     validate_train_config(c)
     assert RollbackPolicy.from_config(c.actor_rollout_ref.rollout.multi_turn).keeps_negatives
@@ -166,28 +172,34 @@ def test_config_keys_and_defaults():
 @pytest.mark.parametrize(
     ("over", "message"),
     [
-        (["rollback_mode=fision"], "rollback_mode='fision' is not one of retry, fission"),
+        (["rollback_mode=fision"], "rollback_mode='fision' is not one of retry, fission, relabel"),
         (
-            ["rollback_mode=fission", "save_negative_samples=false"],
-            "fission trains each forked failure only as a negative",
+            ["rollback_mode=relabel", "save_negative_samples=false"],
+            "relabel trains each relabelled failure only as a negative",
         ),
+        (["rollback_mode=fission", "fission_group_size=1"], "fission_group_size must be >= 2"),
     ],
 )
 def test_bad_rollback_settings_are_refused(over, message):
     with pytest.raises(ConfigError, match=message):
         validate_train_config(_cfg(*over))
     with pytest.raises(ValueError):
-        RollbackPolicy(mode="fission", save_negatives=False)
+        RollbackPolicy(mode="relabel", save_negatives=False)
+    with pytest.raises(ValueError):
+        RollbackPolicy(mode="fission", fission_group_size=1)
 
 
 def test_startup_checks_follow_the_mode(caplog):
-    """fission takes no snapshot, so an environment that cannot snapshot passes; retry refuses
-    it. Negatives off is allowed, with a warning that names what it hides."""
+    """relabel takes no snapshot, so an environment that cannot snapshot passes; retry and
+    fission refuse it. Negatives off is allowed, with a warning that names what it hides."""
     plain = Task("p", TASK.messages, "", "test", "plain")
     router = EnvRouter({"plain": {"type": "test_plain"}})
-    EpisodeRunner(config(**{f"{KEY}rollback_mode": "fission"}), None, None, router).check([plain])
+    EpisodeRunner(config(**{f"{KEY}rollback_mode": "relabel"}), None, None, router).check([plain])
     with pytest.raises(SnapshotUnsupported):
         EpisodeRunner(config(), None, None, router).check([plain])
+    with pytest.raises(SnapshotUnsupported, match="rollback_mode=fission"):
+        fission = config(**{f"{KEY}rollback_mode": "fission"})
+        EpisodeRunner(fission, None, None, router).check([plain])
     off = config(**{f"{KEY}save_negative_samples": "false"})
     with caplog.at_level("WARNING"):
         EpisodeRunner(off, None, None, EnvRouter({"div": {"type": "test_div"}})).check([TASK])

@@ -13,6 +13,7 @@ from toolgrpo.config.validate import validate_train_config
 from toolgrpo.rollout.multi_turn import EpisodeLimits
 from toolgrpo.rollout.render import tools_block
 from toolgrpo.rollout.tool_parsers import (
+    BUILT_IN,
     FORMATS,
     get_format,
     openai_tool_calls,
@@ -197,7 +198,7 @@ def test_instructions_follow_the_format():
 
 
 def test_the_config_key_names_every_format():
-    assert set(TOOL_CALL_FORMATS) == set(FORMATS)
+    assert set(TOOL_CALL_FORMATS) == set(BUILT_IN)  # users' formats join FORMATS
     mt = TrainConfig().actor_rollout_ref.rollout.multi_turn
     assert mt.format == "hermes" and EpisodeLimits().tool_format == "hermes"
     key = "actor_rollout_ref.rollout.multi_turn.format"

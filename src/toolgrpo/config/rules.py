@@ -21,7 +21,7 @@ from toolgrpo.config.router import (
     LM_REWARDS,
     POOLINGS,
 )
-from toolgrpo.config.schema import ROLLBACK_MODES, TOOL_CALL_FORMATS
+from toolgrpo.config.schema import ROLLBACK_MODES
 
 
 @dataclass(frozen=True)
@@ -104,6 +104,12 @@ def _policy_losses() -> list[str]:
     return sorted(_POLICY_LOSSES)
 
 
+def _tool_formats() -> list[str]:
+    from toolgrpo.rollout.tool_parsers import FORMATS
+
+    return sorted(FORMATS)
+
+
 def _error_types() -> tuple[str, ...]:
     from toolgrpo.tools.types import ERROR_TYPES
 
@@ -119,7 +125,7 @@ ALL_OR_POS = Num(1, sentinels=(-1,))  # -1 = all
 TOP_K = Num(-1)  # -1 = off (0 is off in HF too)
 DTYPES = ("auto", "bfloat16", "float32")
 LOGGERS = ("console", "jsonl", "tensorboard", "wandb", "mlflow")  # the last two: extras
-ADV_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "gae")
+ADV_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "gae", "grpo_split")
 AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 KL_KINDS = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")  # "+" suffix: straight-through
 ROLLOUT_IS_LEVELS = ("sequence", "token")  # toolgrpo.mixture.correction (decoupled weights)
@@ -201,7 +207,9 @@ TRAIN_RULES: dict[str, Any] = {
     _MT + "max_tool_retries": NONNEG,
     _MT + "max_negative_samples_per_group": Num(0, optional=True),  # null = no cap
     _MT + "rollback_mode": OneOf(ROLLBACK_MODES),
-    _MT + "format": OneOf(TOOL_CALL_FORMATS),
+    _MT + "fission_group_size": Num(2),  # a group of one has no baseline
+    _MT + "max_fission_forks_per_step": Num(0, optional=True),  # null = no cap
+    _MT + "format": OneOf(_tool_formats),  # built in, or registered by a user's module
     _MT + "negative_reward": FINITE,
     _MT + "rollback_error_types": OneOf(_error_types, each=True),
     _MT + "max_env_failure_ratio": UNIT,  # 1 = never stop the run
@@ -261,6 +269,8 @@ TRAIN_RULES: dict[str, Any] = {
     _RO + "fixed_loss": OneOf(FIXED_LOSSES),
     _RO + "shaping_gamma": POS,
     _RO + "shaping_ratio": OneOf(SHAPING_RATIOS),
+    _RO + "guided_coef": NONNEG,  # 0 = no guided NLL
+    _RO + "guided_min_score": FINITE,
     _S + "alpha": UNIT,
     _S + "alpha_0": UNIT,
     _S + "beta": FINITE,

@@ -114,8 +114,9 @@ ROLLBACK_ERROR_JSON_KEYS = ("error",)
 # Flagged errors that the model caused; timeouts may be the machine's, transport errors end the
 # episode anyway.
 ROLLBACK_ERROR_TYPES = ("parse", "unknown_tool", "invalid_arguments", "exception")
-ROLLBACK_MODES = ("retry", "fission")  # docs/multi_turn.md, "Tool-call rollback"
-# How the model writes tool calls (toolgrpo.rollout.tool_parsers; docs/multi_turn.md).
+ROLLBACK_MODES = ("retry", "fission", "relabel")  # docs/multi_turn.md, "Tool-call rollback"
+# How the model writes tool calls (toolgrpo.rollout.tool_parsers; docs/multi_turn.md): the
+# built-in formats; a user's module may register more (``register_tool_format``).
 TOOL_CALL_FORMATS = ("hermes", "llama3_json", "mistral")
 
 
@@ -126,7 +127,7 @@ class MultiTurnConfig:
 
     enable: bool = False
     # verl's key: the tool-call parser and calling instructions, per model family
-    format: str = "hermes"  # hermes | llama3_json | mistral
+    format: str = "hermes"  # hermes | llama3_json | mistral | a registered format's name
     max_tokens_per_turn: int = 256  # one assistant turn
     max_tool_response_length: int = 256  # tokens of one tool result (0 = no limit)
     tool_response_truncate_side: str = "middle"  # right (keep head) | left (keep tail) | middle
@@ -149,10 +150,15 @@ class MultiTurnConfig:
     # task_type -> {type: <env type, default the task type>, max_turns: N, <env options>...}
     envs: dict[str, Any] = field(default_factory=dict)
     # Tool rollback (toolgrpo.rollout.rollback): a turn whose tool results match is undone and
-    # sampled again (retry) or kept and gone on from (fission); no failed attempt goes untrained.
+    # sampled again (retry), or kept and gone on from with the failing turn trained only as a
+    # negative (relabel); no failed attempt goes untrained. fission (Fission-GRPO,
+    # toolgrpo.rollout.fission) instead forks an episode's first failure into a group of
+    # continuations sampled from its error feedback, trained as their own GRPO group.
     enable_tool_rollback: bool = False
-    rollback_mode: str = "retry"  # retry | fission (Fission-GRPO; needs no snapshots)
-    max_tool_retries: int = 2  # re-samplings (forks) of one failing turn; then its failure stands
+    rollback_mode: str = "retry"  # retry | fission | relabel (relabel needs no snapshots)
+    max_tool_retries: int = 2  # re-samplings (relabels) of one failing turn; then it stands
+    fission_group_size: int = 4  # fission: continuations sampled from one failed call
+    max_fission_forks_per_step: int | None = 8  # fission: fork groups a step adds; null = no cap
     save_negative_samples: bool = True  # false erases retried failures: their calls go untrained
     max_negative_samples_per_group: int | None = None  # over a task's n episodes; null = no cap
     # The score of a negative sample; at most every environment's lowest reward (checked at

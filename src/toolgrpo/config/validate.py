@@ -125,7 +125,7 @@ def validate_train_config(cfg: TrainConfig) -> None:
             f"data.train_batch_size ({d.train_batch_size}) must be a multiple of "
             f"actor_rollout_ref.actor.ppo_mini_batch_size ({a.ppo_mini_batch_size})"
         )
-    if alg.adv_estimator in ("grpo", "dr_grpo", "rloo") and r.n < 2:
+    if alg.adv_estimator in ("grpo", "dr_grpo", "rloo", "grpo_split") and r.n < 2:
         raise ConfigError(
             f"algorithm.adv_estimator={alg.adv_estimator} compares samples within a group: "
             "set actor_rollout_ref.rollout.n >= 2"
@@ -140,6 +140,7 @@ def validate_train_config(cfg: TrainConfig) -> None:
     _check_rollback(mt)
     keeps_negatives = (
         mt.enable_tool_rollback
+        and mt.rollback_mode != "fission"
         and mt.max_tool_retries > 0
         and mt.save_negative_samples
         and mt.max_negative_samples_per_group != 0
@@ -171,10 +172,10 @@ def _check_rollback(mt: MultiTurnConfig) -> None:
         if value is not None and value < 0:
             raise ConfigError(f"{key}{name} must be >= 0 (or null: no cap), got {value}")
     _one_of(mt.rollback_mode, ROLLBACK_MODES, f"{key}rollback_mode")
-    if mt.rollback_mode == "fission" and not mt.save_negative_samples:
+    if mt.rollback_mode == "relabel" and not mt.save_negative_samples:
         raise ConfigError(
-            f"{key}rollback_mode=fission trains each forked failure only as a negative sample: "
-            f"set {key}save_negative_samples=true (or use rollback_mode=retry)"
+            f"{key}rollback_mode=relabel trains each relabelled failure only as a negative "
+            f"sample: set {key}save_negative_samples=true (or use rollback_mode=retry)"
         )
     if not math.isfinite(mt.negative_reward):
         raise ConfigError(f"{key}negative_reward must be finite, got {mt.negative_reward}")
@@ -245,6 +246,11 @@ def _check_rollout_only(cfg: TrainConfig) -> None:
         raise ConfigError(
             "rollout_only.fixed_loss=shaped trains fixed rows without PPO's old log-probs: "
             "rollout_only.bypass_mode=true has nothing to bypass (set it false)"
+        )
+    if not ro.fixed_kl_loss and cfg.algorithm.use_kl_in_reward:
+        raise ConfigError(
+            "rollout_only.fixed_kl_loss=false keeps fixed rows out of the KL loss only: "
+            "algorithm.use_kl_in_reward would still charge them (use actor.use_kl_loss)"
         )
     if cfg.rollout_allocation_schedule.groups == "mixed" and cfg.router.enable:
         raise ConfigError(

@@ -4,10 +4,17 @@
 parallel) and returns the tool messages; ``reward`` scores the finished episode. Environments that
 can be rolled back (issue #6) also implement ``snapshot``/``restore``.
 
+An environment that owns its turn (``TextEnv``, SkyRL-gym's ``step(action: str)``) gets the
+assistant's text instead of parsed calls, parses its own actions and returns the next messages,
+a reward for the step and whether the episode ended (``TextStep``). Any step may return a reward
+(``ToolResult.reward``, ``TextStep.reward``): the episode's return is ``reward(transcript).score``
+plus the sum of the steps' rewards of its kept trajectory (``Episode.step_rewards``).
+
 The episode loop gives every call a deadline (``rollout.env_calls``): a call past it ends the
 episode as an environment failure. The methods run on the event loop and must not block it
-(nothing can interrupt a blocked loop): blocking work goes through ``off_loop``, a thread of its
-own. The episode loop also accepts a plain ``def`` method and runs it in a thread.
+(nothing can interrupt a blocked loop, and one that blocks past its deadline fails its episode):
+blocking work goes through ``off_loop``, a thread of its own. The episode loop also accepts a
+plain ``def`` method and runs it in a thread; the constructor always runs in one.
 """
 
 from __future__ import annotations
@@ -54,6 +61,17 @@ class Transcript:
 
 
 @dataclass
+class TextStep:
+    """What a text environment's step returns: the messages that follow the action (a tool's or
+    a user's; none and not ``done`` also ends the episode), the step's reward, and whether the
+    environment ended the episode."""
+
+    observations: list[dict[str, Any]] = field(default_factory=list)
+    reward: float = 0.0
+    done: bool = False
+
+
+@dataclass
 class EnvReward:
     score: float
     parts: dict[str, float] = field(default_factory=dict)  # logged as reward/<part>
@@ -74,6 +92,9 @@ class Env(ABC):
     # for the reward; one that needs it earlier (to run a reference solution beside the model's
     # calls, say) sets this, on its class or on its factory function.
     needs_ground_truth_at_reset: bool = False
+    # True for an environment whose ``step`` takes the assistant's text (``TextEnv``): the loop
+    # parses no tool calls for it, and tool rollback leaves it alone.
+    owns_turn: bool = False
 
     @abstractmethod
     async def reset(self) -> EnvStart: ...
@@ -118,8 +139,10 @@ class Env(ABC):
         raise NotImplementedError(f"{type(self).__name__} cannot snapshot its state")
 
     def restore(self, state: Any) -> None:
-        """Back to ``state``; may be called again with the same state (repeated retries), so
-        it must not hand the state's objects to the environment without copying them."""
+        """Back to ``state``; may be called again with the same state (repeated retries, and
+        fission's continuations, which restore it into fresh instances of the same task's
+        environment after their reset), so it must not hand the state's objects to the
+        environment without copying them."""
         raise NotImplementedError(f"{type(self).__name__} cannot restore its state")
 
     async def asnapshot(self) -> Any:
@@ -128,3 +151,18 @@ class Env(ABC):
 
     async def arestore(self, state: Any) -> None:
         self.restore(state)
+
+
+class TextEnv(Env):
+    """An environment that owns the turn, as SkyRL-gym's are: ``step`` gets what the model wrote
+    (its eos token removed) and parses its own actions; ``reward`` defaults to 0, so the return
+    is the sum of the steps' rewards unless the environment also scores the transcript."""
+
+    owns_turn = True
+
+    @abstractmethod
+    async def step(self, action: str) -> TextStep:  # type: ignore[override]
+        """The turn's outcome; never raises (a bad action is an observation saying so)."""
+
+    async def reward(self, transcript: Transcript) -> EnvReward:
+        return EnvReward(0.0)

@@ -13,7 +13,7 @@ from toolgrpo.data.loader import DataError
 from toolgrpo.data.task import Task
 from toolgrpo.envs.base import EnvStart
 from toolgrpo.envs.registry import EnvRouter
-from toolgrpo.rollout.env_calls import bounded
+from toolgrpo.rollout.env_calls import bounded, make_env
 from toolgrpo.rollout.render import encode_prompt, with_tools
 
 log = logging.getLogger(__name__)
@@ -46,7 +46,8 @@ def render_prompt(
 # Rewrites an episode's opening (the router's routes); the trainer passes one per route.
 Condition = Callable[[EnvStart], EnvStart]
 _MEASURE_CONCURRENCY = 16  # environments reset at once while measuring (remote ones hold a session)
-# A reset (or close) that takes longer while measuring: the task is kept, unmeasured.
+# A construction, reset (or close) that takes longer while measuring: the task is kept,
+# unmeasured.
 _MEASURE_TIMEOUT_S = 60.0
 
 
@@ -76,13 +77,13 @@ async def _env_start(
     (``Env.openings_for``: remote ones) is asked for all of them (final: ``None`` where a task
     cannot open); else ``task``'s is reset and the others' derived where the environment can
     (``Env.opening_for``), ``None`` for those it cannot (the caller resets their own). ``None``
-    where it cannot open: that failure is reported when the episode is played, not here. The
-    environment is always closed."""
+    where it cannot open (or build, within the deadline): that failure is reported when the
+    episode is played, not here. The environment is always closed."""
     group = [task, *others]
     async with sem:
         env = None
         try:
-            env = envs.make(task)
+            env = await make_env(envs, task, _MEASURE_TIMEOUT_S)  # in a thread, with a deadline
             if others:
                 # A batch may take what resetting its tasks one by one could, at most.
                 limit = _MEASURE_TIMEOUT_S * (1 + len(group) / _MEASURE_CONCURRENCY)

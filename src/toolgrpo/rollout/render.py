@@ -95,13 +95,21 @@ def encode_delta(
     history: Sequence[dict[str, Any]],
     new_messages: Sequence[dict[str, Any]],
     tools: list[dict[str, Any]] | None,
+    add_generation_prompt: bool = True,
 ) -> tuple[str, list[int], bool]:
     """``delta_text`` of ``new_messages`` (tool results, environment user turns) as
-    ``(text, ids, exact)``; a special token's text inside them stays plain text."""
+    ``(text, ids, exact)``; a special token's text inside them stays plain text. Without
+    ``add_generation_prompt`` (the episode's last delta) no assistant turn is opened after them."""
     esc = Escaper.of(tokenizer)
     hidden = esc.hide(as_generated(new_messages))
     delta, exact = delta_text(
-        tokenizer, stream_text, as_generated(history), hidden, tools, esc.hide
+        tokenizer,
+        stream_text,
+        as_generated(history),
+        hidden,
+        tools,
+        esc.hide,
+        add_generation_prompt,
     )
     text, ids = esc.encode(delta)
     return text, ids, exact
@@ -120,9 +128,11 @@ def delta_text(
     new_messages: Sequence[dict[str, Any]],
     tools: list[dict[str, Any]] | None,
     hide: Callable[[Any], Any] | None = None,
+    add_generation_prompt: bool = True,
 ) -> tuple[str, bool]:
     """The text to append after the tokens so far (decoded as ``stream_text``) so the episode
-    continues with ``new_messages`` and the next generation prompt.
+    continues with ``new_messages`` and the next generation prompt (none when
+    ``add_generation_prompt`` is false: the episode ends with them).
 
     Returns ``(delta, exact)``: ``exact`` is True when the full re-rendered conversation extends the
     token stream exactly; otherwise (a template that rewrites earlier turns, a sampled text that
@@ -130,7 +140,8 @@ def delta_text(
     the caller records a mismatch. ``hide`` (``Escaper.hide``) is applied to the history the last
     fallback renders again, so no earlier data can reach the delta unescaped.
     """
-    full = render_text(tokenizer, [*history, *new_messages], tools, True)
+    gen = add_generation_prompt
+    full = render_text(tokenizer, [*history, *new_messages], tools, gen)
     if full.startswith(stream_text):
         return full[len(stream_text) :], True
     base = render_text(tokenizer, history, tools, False)
@@ -140,7 +151,7 @@ def delta_text(
     first = list(history[:1])
     if hide is not None:
         first, tools = hide(first), hide(tools)
-    alone = render_text(tokenizer, [*first, *new_messages], tools, True)
+    alone = render_text(tokenizer, [*first, *new_messages], tools, gen)
     head = render_text(tokenizer, first, tools, False)
     return alone[len(head) :] if alone.startswith(head) else alone, False
 

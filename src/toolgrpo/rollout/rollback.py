@@ -1,7 +1,8 @@
-"""Tool-call rollback (issue #6): when a turn's tool results look like a failure, put the episode
-and its environment back to where they were before that assistant turn and sample it again
-(mode ``retry``), or keep the failure with its error feedback and let the episode go on from it
-(mode ``fission``, after Fission-GRPO).
+"""Tool-call rollback: when a turn's tool results look like a failure, put the episode and its
+environment back to where they were before that assistant turn and sample it again (mode
+``retry``), or keep the failure with its error feedback, let the episode go on from it and train
+the failing turn only in a negative (mode ``relabel``). Mode ``fission`` (``rollout.fission``)
+forks a failure into a group of its own instead, and takes nothing from this module's guard.
 
 No failed attempt is hidden (``failure_fate``): each is kept as a ``NegativeSample`` (an extra
 member of its task's GRPO group scored ``negative_reward``, only the failing turn trained), or it
@@ -14,7 +15,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from toolgrpo.config.schema import (
     ROLLBACK_ERROR_JSON_KEYS,
@@ -22,34 +23,45 @@ from toolgrpo.config.schema import (
     ROLLBACK_ERROR_TYPES,
     ROLLBACK_MODES,
 )
-from toolgrpo.data.task import Task
 from toolgrpo.envs.base import Env
-from toolgrpo.envs.registry import EnvConfigError, EnvRouter
+from toolgrpo.rollout.episode import Episode, NegativeSample, RollbackStats
+from toolgrpo.rollout.rollback_checks import (
+    NegativeRewardTooHigh,
+    SnapshotUnsupported,
+    check_negative_reward,
+    check_snapshot_support,
+    unsupported_message,
+)
 from toolgrpo.rollout.tool_failures import compile_patterns, error_type, json_error
 from toolgrpo.tools.types import ToolCall, ToolResult
 
-if TYPE_CHECKING:
-    from toolgrpo.rollout.episode import Episode
+__all__ = [  # the startup checks and the rows' types, where callers have always found them
+    "NegativeRewardTooHigh",
+    "NegativeSample",
+    "RollbackStats",
+    "SnapshotUnsupported",
+    "check_negative_reward",
+    "check_snapshot_support",
+]
 
 # What becomes of one failed attempt (``failure_fate``).
 Fate = Literal["negative", "erased", "capped", "stands"]
-
-
-class SnapshotUnsupported(EnvConfigError):
-    """Rollback is on but an environment cannot snapshot its state: a setup error, so it stops
-    the run instead of silently wasting episodes."""
 
 
 @dataclass(frozen=True)
 class RollbackPolicy:
     """What counts as a failed tool turn and what to do about it (from ``MultiTurnConfig``)."""
 
-    max_retries: int = 2  # re-samplings (or forks) of one failing turn; then the failure stands
+    max_retries: int = 2  # re-samplings (or relabels) of one failing turn; then it stands
     save_negatives: bool = True
     # Over all G episodes of a task; None = every failed attempt. Past the cap a failure stands.
     max_negatives_per_group: int | None = None
     negative_reward: float = -1.0
-    mode: str = "retry"  # retry: rewind and re-sample | fission: go on from the error feedback
+    # retry: rewind and re-sample | relabel: go on from the error feedback, the failing turn
+    # trained only in its negative | fission: fork the first failure into a group of its own
+    mode: str = "retry"
+    fission_group_size: int = 4  # continuations sampled from one fork point
+    max_forks_per_step: int | None = 8  # fork groups one step may add; None = every failure
     patterns: tuple[re.Pattern[str], ...] = field(
         default_factory=lambda: compile_patterns(ROLLBACK_ERROR_PATTERNS)
     )
@@ -59,18 +71,25 @@ class RollbackPolicy:
     def __post_init__(self) -> None:
         if self.mode not in ROLLBACK_MODES:
             raise ValueError(f"rollback mode {self.mode!r} is not one of {ROLLBACK_MODES}")
-        if self.mode == "fission" and not self.save_negatives:
-            raise ValueError("fission trains each failing turn only in its negative sample")
+        if self.mode == "relabel" and not self.save_negatives:
+            raise ValueError("relabel trains each failing turn only in its negative sample")
+        if self.fission_group_size < 2:
+            raise ValueError(f"fission_group_size must be >= 2, got {self.fission_group_size}")
 
     @property
     def keeps_negatives(self) -> bool:
-        return self.save_negatives and self.max_negatives_per_group != 0
+        """Negative rows are added (fission adds continuation groups instead)."""
+        return self.mode != "fission" and self.save_negatives and self.max_negatives_per_group != 0
 
     @classmethod
     def from_config(cls, mt: Any) -> RollbackPolicy | None:
-        """``None`` when rollback is off or allows no retry: the loop then takes no snapshots
-        and needs none."""
-        if not mt.enable_tool_rollback or mt.max_tool_retries == 0:
+        """``None`` when rollback is off, allows no retry (``retry``, ``relabel``) or no fork
+        (``fission``): the loop then takes no snapshots and needs none."""
+        mode = str(mt.rollback_mode)
+        forks = mt.max_fission_forks_per_step
+        if not mt.enable_tool_rollback or (mode != "fission" and mt.max_tool_retries == 0):
+            return None
+        if mode == "fission" and forks == 0:
             return None
         cap = mt.max_negative_samples_per_group
         return cls(
@@ -78,7 +97,9 @@ class RollbackPolicy:
             save_negatives=bool(mt.save_negative_samples),
             max_negatives_per_group=None if cap is None else int(cap),
             negative_reward=float(mt.negative_reward),
-            mode=str(mt.rollback_mode),
+            mode=mode,
+            fission_group_size=int(mt.fission_group_size),
+            max_forks_per_step=None if forks is None else int(forks),
             patterns=compile_patterns(mt.rollback_error_patterns),
             error_types=frozenset(mt.rollback_error_types),
             json_error_keys=tuple(mt.rollback_error_json_keys),
@@ -130,49 +151,6 @@ def failure_fate(policy: RollbackPolicy, attempts: int, budget: NegativeBudget |
 
 
 @dataclass(frozen=True)
-class NegativeSample:
-    """A rolled-back attempt, as a training row: the parent's prompt and response up to and
-    including the failing turn (no tool output), only that turn's tokens with mask 1."""
-
-    task_id: str
-    task_type: str
-    uid: str  # the parent's GRPO group
-    prompt_ids: list[int]
-    response_ids: list[int]
-    response_mask: list[int]
-    logprobs: list[float]  # what the failing turn was sampled with; 0.0 where mask 0
-    error_messages: list[str]
-    error_types: list[str]
-    tool_position: str  # "turn_N": the failing assistant turn, 1-based
-    assistant_turns: int
-    user_turns: int
-    tool_calls: list[ToolCall]
-    attempt: int  # 0 for the first failure of that turn, 1 for its first retry, ...
-
-
-@dataclass
-class RollbackStats:
-    """Per episode. Rolled-back calls stay in the episode's ``tool_calls``/``tool_errors`` (the
-    policy made them); ``discarded_*`` says how many of those are not in the final transcript.
-    Every failed attempt is one of: a negative, ``erased``, ``capped`` or left standing."""
-
-    rollbacks: int = 0  # turns rolled back (or forked) at least once
-    retries: int = 0  # re-sampled attempts (fission: turns after a fork)
-    recovered: int = 0  # rolled-back turns whose last attempt ran tools that all succeeded
-    discarded_calls: int = 0
-    discarded_errors: int = 0
-    failed: int = 0  # failed attempts, whatever became of them
-    erased: int = 0  # retried without a trace (save_negative_samples=false)
-    capped: int = 0  # left standing because the group's negative budget was spent
-    forks: int = 0  # fission: failing turns moved out of this row into their negative
-
-    @property
-    def repaired(self) -> bool:
-        """The episode's kept trajectory is not its first try: a failure was undone or forked."""
-        return self.rollbacks > 0
-
-
-@dataclass(frozen=True)
 class Checkpoint:
     """The agent before an assistant turn; the episode's lists only grow, so lengths suffice."""
 
@@ -181,6 +159,7 @@ class Checkpoint:
     messages_len: int
     stream_text: str
     env_state: Any
+    steps_len: int = 0  # ``Episode.step_rewards`` before the turn
 
 
 def negative_sample(
@@ -224,7 +203,7 @@ class TurnGuard:
         self._attempts = 0  # failed attempts of the current turn that were retried or forked
         self._ok = False  # the current attempt ran tools and all of them succeeded
         self._rewound = False  # retry: the next turn re-samples this one from its checkpoint
-        self._forked = False  # fission: the next turn goes on from this one's error feedback
+        self._forked = False  # relabel: the next turn goes on from this one's error feedback
 
     async def begin_turn(self, ep: Episode, env: Env, stream_text: str) -> None:
         if self._rewound:  # a retry: same checkpoint
@@ -234,7 +213,12 @@ class TurnGuard:
             self._settle(ep)
         state = await env.asnapshot() if self.policy.mode == "retry" else None
         self._cp = Checkpoint(
-            len(ep.response_ids), ep.num_turns, len(ep.messages), stream_text, state
+            len(ep.response_ids),
+            ep.num_turns,
+            len(ep.messages),
+            stream_text,
+            state,
+            len(ep.step_rewards),
         )
         self._forked = self._ok = False
 
@@ -247,8 +231,8 @@ class TurnGuard:
         if not failed or cp is None or env.fatal_error:
             return None
         ep.rollback.failed += 1
-        fission = self.policy.mode == "fission"
-        if fission and (ep.num_turns >= env.max_turns or any(r.done for r in results)):
+        relabel = self.policy.mode == "relabel"
+        if relabel and (ep.num_turns >= env.max_turns or any(r.done for r in results)):
             return None  # no turn follows to go on from: the failure stands
         fate = failure_fate(self.policy, self._attempts, self.budget)
         ep.rollback.capped += int(fate == "capped")
@@ -260,8 +244,8 @@ class TurnGuard:
         ep.rollback.rollbacks += int(self._attempts == 0)
         ep.rollback.retries += 1
         self._attempts += 1
-        if fission:  # the failing turn is trained in its negative only; the episode goes on
-            fork(ep, cp)
+        if relabel:  # the failing turn is trained in its negative only; the episode goes on
+            relabel_turn(ep, cp)
             ep.rollback.forks += 1
             self._forked = True
             return None
@@ -289,11 +273,12 @@ def rewind(ep: Episode, cp: Checkpoint) -> None:
     n = cp.response_len
     del ep.response_ids[n:], ep.response_mask[n:], ep.logprobs[n:]
     del ep.messages[cp.messages_len :]
+    del ep.step_rewards[cp.steps_len :]  # an undone step's reward goes with it
     ep.num_turns = cp.num_turns
 
 
-def fork(ep: Episode, cp: Checkpoint) -> None:
-    """Fission: the failing turn (everything since the checkpoint) stays in the episode's tokens
+def relabel_turn(ep: Episode, cp: Checkpoint) -> None:
+    """Relabel: the failing turn (everything since the checkpoint) stays in the episode's tokens
     as context for what follows, but leaves its training row (mask 0, log-prob 0): its
     negative trains it, so the episode's reward never reinforces the failing call."""
     n = cp.response_len
@@ -306,71 +291,11 @@ def make_guard(
     env: Env, task_type: str, policy: RollbackPolicy | None, budget: NegativeBudget | None
 ) -> TurnGuard | None:
     """The episode's guard, after ``reset`` (when a remote environment knows if it can
-    snapshot); ``None`` when rollback is off or the environment never runs a tool. Only
-    ``retry`` restores state: ``fission`` works with environments that cannot snapshot."""
-    if policy is None or env.single_turn:
+    snapshot); ``None`` when rollback is off, is ``fission`` (``fission.make_recorder``) or the
+    environment never runs a tool. Only ``retry`` restores state: ``relabel`` works with
+    environments that cannot snapshot."""
+    if policy is None or policy.mode == "fission" or env.single_turn or env.owns_turn:
         return None
     if policy.mode == "retry" and not env.supports_snapshot:
         raise SnapshotUnsupported(unsupported_message(task_type, env))
     return TurnGuard(policy, budget)
-
-
-def check_snapshot_support(router: EnvRouter, tasks: Sequence[Task]) -> None:
-    """At startup: every task type that runs tools must have an environment that can snapshot.
-    One environment per type is built (not reset); a type that only learns at reset whether it
-    can (a remote one) is checked then, by ``make_guard``."""
-    seen: dict[str, Task] = {}
-    for t in tasks:
-        seen.setdefault(t.task_type, t)
-    for task_type, task in sorted(seen.items()):
-        env = router.make(task)
-        if env.single_turn or env.supports_snapshot or env.snapshot_known_at_reset:
-            continue
-        raise SnapshotUnsupported(unsupported_message(task_type, env, router.spec(task_type).type))
-
-
-class NegativeRewardTooHigh(EnvConfigError):
-    """``negative_reward`` above the worst score an environment gives: a rolled-back attempt
-    would be ranked above a real failure."""
-
-
-def check_negative_reward(router: EnvRouter, tasks: Sequence[Task], negative_reward: float) -> None:
-    """At startup, when negatives are kept: per task type that runs tools, ``negative_reward``
-    must not exceed the lowest score of the environment's declared ``reward_range``. Types whose
-    range is unknown (None) are not checked; their negatives' advantages are still clamped <= 0.
-    An environment that fails to build is skipped here (the episode loop reports it)."""
-    by_type: dict[str, list[Task]] = {}
-    for t in tasks:
-        by_type.setdefault(t.task_type, []).append(t)
-    for task_type, group in sorted(by_type.items()):
-        env = _first_env(router, group)
-        if env is None or env.single_turn or env.reward_range is None:
-            continue
-        low = float(env.reward_range[0])
-        if negative_reward > low:
-            raise NegativeRewardTooHigh(
-                f"actor_rollout_ref.rollout.multi_turn.negative_reward={negative_reward:g} is "
-                f"above the lowest reward ({low:g}) of task type {task_type!r} "
-                f"({type(env).__name__}, rewards in [{low:g}, {env.reward_range[1]:g}]): a failed "
-                f"attempt would outrank a real failure; set negative_reward <= {low:g}"
-            )
-
-
-def _first_env(router: EnvRouter, tasks: Sequence[Task]) -> Env | None:
-    for task in tasks:
-        try:
-            return router.make(task)
-        except Exception:  # a bad row: the next one of its type tells us the range
-            continue
-    return None
-
-
-def unsupported_message(task_type: str, env: Env, env_type: str = "") -> str:
-    kind = (
-        f"environment type {env_type!r} ({type(env).__name__})" if env_type else type(env).__name__
-    )
-    return (
-        "actor_rollout_ref.rollout.multi_turn.enable_tool_rollback needs environments that can "
-        f"snapshot their state, but task type {task_type!r} uses {kind}, which cannot; turn "
-        "rollback off or leave that task type out of data.train_files"
-    )

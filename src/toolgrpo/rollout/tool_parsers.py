@@ -3,10 +3,12 @@ prompt asks for them (for templates that cannot render ``tools=`` themselves).
 
 Chosen by ``actor_rollout_ref.rollout.multi_turn.format`` (verl's key): ``hermes`` (SmolLM2,
 Qwen, Hermes: ``<tool_call>{json}</tool_call>``), ``llama3_json`` (Llama 3.x: a JSON object
-``{"name", "parameters"}``, optionally after ``<|python_tag|>``, several joined by ``;``) and
-``mistral`` (``[TOOL_CALLS] [{"name", "arguments"}, ...]``). Each parser is a pure function of
-the text; a call it cannot read is a ``ToolCall`` with ``parse_error`` set, which the environment
-answers with an error message, so a malformed call never raises out of a rollout.
+``{"name", "parameters"}``, optionally after ``<|python_tag|>``, several joined by ``;``),
+``mistral`` (``[TOOL_CALLS] [{"name", "arguments"}, ...]``), or a format a user's module
+registered (``register_tool_format``; the module is named by ``--import``/``trainer.imports``,
+so every process that plays episodes has it). Each parser is a pure function of the text; a call
+it cannot read is a ``ToolCall`` with ``parse_error`` set, which the environment answers with an
+error message, so a malformed call never raises out of a rollout.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ PYTHON_TAG = "<|python_tag|>"
 TOOL_CALLS_TAG = "[TOOL_CALLS]"
 _DECODER = json.JSONDecoder()
 _LLAMA_START = re.compile(r'(?m)^[ \t]*\{\s*"name"\s*:')
+_CALL_KEYS = frozenset({"name", "parameters", "arguments"})
 _MISTRAL_NAME_ARGS = re.compile(r"\s*([A-Za-z_][\w.\-]*)\[ARGS\]")  # newer Mistral tokenizers
 
 
@@ -74,14 +77,15 @@ def parse_hermes(text: str) -> ParsedTurn:
 
 def parse_llama3_json(text: str) -> ParsedTurn:
     """Llama 3.x JSON calls: after ``<|python_tag|>`` if the turn has one, else from a message
-    that starts with ``{`` or a line that starts with ``{"name":``. Calls are separated by ``;``
-    or whitespace; text after them is content."""
+    that starts with a call-shaped object or a line that starts with ``{"name":``. Calls are
+    separated by ``;`` or whitespace; text after them is content. A message that is JSON but
+    no call (``{"answer": 42}``) is an answer, as vLLM's parser reads it."""
     if not isinstance(text, str):
         return ParsedTurn("", [])
     tag = text.find(PYTHON_TAG)
     if tag >= 0:
         start, skip = tag, len(PYTHON_TAG)
-    elif text.lstrip().startswith("{"):
+    elif text.lstrip().startswith("{") and _opens_with_call(text):
         start, skip = len(text) - len(text.lstrip()), 0
     else:
         m = _LLAMA_START.search(text)
@@ -94,6 +98,21 @@ def parse_llama3_json(text: str) -> ParsedTurn:
         error = f"expected a JSON object after {PYTHON_TAG}"
         calls, end = [ToolCall(name="", raw=rest, parse_error=error)], len(text)
     return _turn(_join(text[:start], text[end:]), calls)
+
+
+def _opens_with_call(text: str) -> bool:
+    """The message's leading JSON is call-shaped (it has a ``name``, ``parameters`` or
+    ``arguments`` field, so a call missing its name is still reported to the model), or is a
+    malformed one that opens with ``{"name":``; any other JSON, or text that merely starts with
+    ``{``, is an answer."""
+    if _LLAMA_START.match(text):
+        return True
+    decoded = _decode_at(text, len(text) - len(text.lstrip()))
+    return not isinstance(decoded, ToolCall) and _is_call_object(decoded[0])
+
+
+def _is_call_object(value: Any) -> bool:
+    return isinstance(value, dict) and not _CALL_KEYS.isdisjoint(value)
 
 
 def parse_mistral(text: str) -> ParsedTurn:
@@ -154,20 +173,41 @@ def _hermes_closed(text: str) -> str:
 _EXAMPLE_LLAMA3 = '{"name": "<tool name>", "parameters": {<JSON object>}}'
 _EXAMPLE_MISTRAL = '[TOOL_CALLS] [{"name": "<tool name>", "arguments": {<JSON object>}}]'
 
-FORMATS: dict[str, ToolFormat] = {
+BUILT_IN: dict[str, ToolFormat] = {
     "hermes": ToolFormat("hermes", parse_hermes, _HOW_TO_CALL_HERMES, _hermes_closed),
     "llama3_json": ToolFormat(
         "llama3_json", parse_llama3_json, _HOW_TO_CALL_LLAMA3, example=_EXAMPLE_LLAMA3
     ),
     "mistral": ToolFormat("mistral", parse_mistral, _HOW_TO_CALL_MISTRAL, example=_EXAMPLE_MISTRAL),
 }
+FORMATS: dict[str, ToolFormat] = dict(BUILT_IN)  # the registry: built-ins, then users' formats
+
+
+def register_tool_format(fmt: ToolFormat) -> ToolFormat:
+    """Make ``fmt`` the format named ``fmt.name`` (``multi_turn.format=<name>``). Its ``parse``
+    must be a pure function of the turn's text returning a ``ParsedTurn`` and never raise (a
+    call it cannot read carries ``parse_error``). Registering the same format again is a no-op;
+    another format under a taken name is refused, so a built-in cannot be replaced by accident.
+    Returns ``fmt``."""
+    if not isinstance(fmt, ToolFormat):
+        raise TypeError(f"register_tool_format takes a ToolFormat, got {type(fmt).__name__}")
+    if not fmt.name or not callable(fmt.parse):
+        raise ValueError("a tool-call format needs a name and a callable parse(text)")
+    taken = FORMATS.get(fmt.name)
+    if taken is not None and taken != fmt:
+        raise ValueError(f"tool-call format {fmt.name!r} is already registered")
+    FORMATS[fmt.name] = fmt
+    return fmt
 
 
 def get_format(name: str) -> ToolFormat:
     try:
         return FORMATS[name]
     except KeyError:
-        raise ValueError(f"unknown tool-call format {name!r}; one of {sorted(FORMATS)}") from None
+        raise ValueError(
+            f"unknown tool-call format {name!r}; one of {sorted(FORMATS)} (a module named by "
+            "--import or trainer.imports may register more with register_tool_format)"
+        ) from None
 
 
 def call_id(index: int) -> str:

@@ -6,19 +6,17 @@ and the environment's results for them as messages (OpenAI-style ``tool_calls`` 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from toolgrpo.envs.base import Env
 from toolgrpo.rollout.env_calls import bounded
 from toolgrpo.rollout.episode import Episode
 from toolgrpo.rollout.escape import PlainTokenizer
+from toolgrpo.rollout.limits import EpisodeLimits
 from toolgrpo.rollout.render import encode_delta
 from toolgrpo.rollout.tool_parsers import get_format, openai_tool_calls
 from toolgrpo.tools.executor import truncate_text
 from toolgrpo.tools.types import ToolCall, ToolResult
-
-if TYPE_CHECKING:
-    from toolgrpo.rollout.multi_turn import EpisodeLimits
 
 
 def turn_calls(text: str, cut: bool, tool_format: str = "hermes") -> list[ToolCall]:
@@ -78,11 +76,16 @@ def append_delta(
     new: list[dict[str, Any]],
     tools: Any,
     limits: EpisodeLimits,
+    final: bool = False,
+    spent: int = 0,
 ) -> str | None:
     """Append the rendered text between turns (``new`` messages and the next generation prompt)
-    as mask-0 tokens; ``None`` (nothing appended) when it would fill the response budget."""
-    delta, delta_ids, exact = encode_delta(tokenizer, stream_text, messages, new, tools)
-    if len(ep.response_ids) + len(delta_ids) >= limits.max_response_length:
+    as mask-0 tokens; ``None`` (nothing appended) when it would fill the response budget (of
+    which ``spent`` tokens went before this episode's response: a fission fork's parent's).
+    ``final``: the episode ends with ``new``, so no generation prompt follows them (the row,
+    the reward's transcript text and the rollout dump end where the conversation does)."""
+    delta, delta_ids, exact = encode_delta(tokenizer, stream_text, messages, new, tools, not final)
+    if spent + len(ep.response_ids) + len(delta_ids) >= limits.max_response_length:
         return None
     ep.prefix_mismatches += int(not exact)
     ep.append(delta_ids, None)

@@ -15,13 +15,20 @@ from pathlib import Path
 from toolgrpo.config.loader import ConfigError
 from toolgrpo.config.router import RouterConfig
 from toolgrpo.data.task import Task
+from toolgrpo.envs.base import Env, EnvStart
 from toolgrpo.envs.registry import EnvRouter
+from toolgrpo.rollout.env_calls import STARTUP_TIMEOUT_S, startup_probe
 from toolgrpo.router.families import FamilyFileError, FamilyMap, ToolInfo, read_family_file
 from toolgrpo.router.labeler import ChatClient, LabelerError, Labels, label_tasks, task_tools
 from toolgrpo.router.routes import FAMILIES, LABELS
 from toolgrpo.safe_io import write_text
 
 log = logging.getLogger(__name__)
+RESET_TIMEOUT_S = STARTUP_TIMEOUT_S  # construction, reset and close of a tool-listing env
+
+
+async def _reset(env: Env) -> EnvStart:
+    return await env.reset()
 
 
 def env_tools(tasks: Sequence[Task], envs: EnvRouter) -> list[ToolInfo]:
@@ -35,10 +42,8 @@ def env_tools(tasks: Sequence[Task], envs: EnvRouter) -> list[ToolInfo]:
         if task.task_type in seen or task.task_type == "rlla" or task_tools(task):
             continue
         seen.add(task.task_type)
-        try:
-            env = envs.make(task)
-            start = asyncio.run(env.reset())
-            asyncio.run(env.close())
+        try:  # built, reset and closed, each within its deadline (the env is closed either way)
+            _, start = asyncio.run(startup_probe(envs, task, _reset, RESET_TIMEOUT_S))
         except Exception as e:  # a remote env may be down at startup: families fall back
             log.warning("router: could not list the tools of %s: %s", task.task_type, e)
             continue

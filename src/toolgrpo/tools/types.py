@@ -47,6 +47,9 @@ class ToolResult:
     # The environment ends the episode with this result (a submit/book/commit tool; OpenEnv's
     # ``StepResult.done``): the turn's results still reach the transcript, no model turn follows.
     done: bool = False
+    # A reward for this call (verl's per-call tool rewards): the episode's return adds the sum of
+    # its kept steps' rewards to the environment's final score (``envs.base``).
+    reward: float = 0.0
 
     def __post_init__(self) -> None:
         if self.is_error and self.error_type not in ERROR_TYPES:

@@ -81,20 +81,25 @@ def collate_episodes(
 ) -> Batch:
     """Stack multi-turn episodes: tool results and turn markers sit in the response with mask 0.
     ``with_negatives`` appends each episode's negative samples after all episodes, as rows with
-    the parent's uid, so GRPO ranks them inside the parent's group."""
+    the parent's uid, so GRPO ranks them inside the parent's group; fission's continuations
+    (``Episode.forks``) follow, as rows of their own groups (``negative_parents`` gives the
+    parents of both)."""
     negs = [n for e in episodes for n in e.negatives] if with_negatives else []
-    items = [*episodes, *negs]
+    forks = [f for e in episodes for f in e.forks]
+    items = [*episodes, *negs, *forks]
     rows = [(x.prompt_ids, x.response_ids, x.response_mask, x.logprobs) for x in items]
     batch = collate_rows(rows, [x.uid for x in items], pad_id)
     batch.task_types = [x.task_type for x in items]
-    batch.is_negative = [False] * len(episodes) + [True] * len(negs)
+    batch.is_negative = [False] * len(episodes) + [True] * len(negs) + [False] * len(forks)
     return batch
 
 
 def negative_parents(episodes: Sequence[Episode]) -> list[int]:
-    """For each negative row ``collate_episodes`` appends, the index of its parent episode (to
-    extend any per-episode list, e.g. who sampled it, over the negatives)."""
-    return [i for i, e in enumerate(episodes) for _ in e.negatives]
+    """For each row ``collate_episodes`` appends after the episodes (negatives, then fission's
+    continuations), the index of its parent episode (to extend any per-episode list, e.g. who
+    sampled it, over those rows)."""
+    negs = [i for i, e in enumerate(episodes) for _ in e.negatives]
+    return negs + [i for i, e in enumerate(episodes) for _ in e.forks]
 
 
 Row = tuple[Sequence[int], Sequence[int], Sequence[int], Sequence[float]]

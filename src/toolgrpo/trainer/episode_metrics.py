@@ -126,7 +126,7 @@ def rollback_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
 
 def first_try_metrics(episodes: Sequence[Episode], prefix: str) -> dict[str, float]:
     """Mean reward of the episodes kept as first sampled, and of those rollback repaired (a
-    failure undone or forked); a key is absent when no episode is of its kind."""
+    failure undone or relabelled); a key is absent when no episode is of its kind."""
     first = [e.reward for e in episodes if not e.rollback.repaired]
     repaired = [e.reward for e in episodes if e.rollback.repaired]
     m: dict[str, float] = {}

@@ -30,7 +30,7 @@ from toolgrpo.trainer.batch import Batch, collate_episodes
 
 log = logging.getLogger(__name__)
 # Estimators that rank an episode against its group: one left alone there has no baseline.
-GROUP_ESTIMATORS = ("grpo", "dr_grpo", "rloo")
+GROUP_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "grpo_split")
 
 
 class NonFiniteReward(ValueError):
@@ -81,11 +81,10 @@ class EpisodeRunner:
         rb = self.rollback
         if rb is None:
             return
-        if rb.mode == "retry":
-            check_snapshot_support(self.router, tasks)
+        check_snapshot_support(self.router, tasks, rb.mode)  # retry and fission restore states
         if rb.keeps_negatives:
             check_negative_reward(self.router, tasks, rb.negative_reward)
-        if not rb.save_negatives:
+        if not rb.save_negatives and rb.mode != "fission":
             log.warning(
                 "tool rollback with save_negative_samples=false erases every retried failure: "
                 "the failing calls are never trained against, and reward/* sees only repairs "
@@ -151,10 +150,12 @@ class EpisodeRunner:
 
     def to_batch(self, episodes: Sequence[Episode]) -> tuple[Batch, int]:
         """The training batch, with non-finite rewards handled per ``reward.nan_policy``; the
-        episodes' negative samples (if kept) follow as extra rows scored ``negative_reward``.
+        episodes' negative samples (if kept) follow as extra rows scored ``negative_reward``,
+        then fission's continuations (``Episode.forks``) under their own rewards.
         ``batch.truncated`` marks the truncated episodes' rows (``mask_truncated_rows``)."""
         bad = 0
-        for e in episodes:
+        forks = [f for e in episodes for f in e.forks]
+        for e in [*episodes, *forks]:
             if not finite_in_float32(e.reward):  # checked as the scores tensor will hold it
                 if self.cfg.reward.nan_policy == "error":
                     raise NonFiniteReward(
@@ -165,11 +166,12 @@ class EpisodeRunner:
                 e.reward = 0.0
         negatives = self.rollback is not None and self.rollback.save_negatives
         batch = collate_episodes(episodes, self.tokenizer.pad_token_id, negatives)
-        scores = [e.reward for e in episodes]
-        if self.rollback is not None:
-            scores += [self.rollback.negative_reward] * (batch.size - len(episodes))
+        negs = batch.size - len(episodes) - len(forks)
+        worst = self.rollback.negative_reward if self.rollback is not None else 0.0
+        scores = [e.reward for e in episodes] + [worst] * negs + [f.reward for f in forks]
         batch.scores_B = torch.tensor(scores, dtype=torch.float32)
-        batch.truncated = [e.truncated for e in episodes] + [False] * (batch.size - len(episodes))
+        truncated = [e.truncated for e in episodes] + [False] * negs
+        batch.truncated = truncated + [f.truncated for f in forks]
         return batch, bad
 
 
