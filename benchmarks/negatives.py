@@ -1,12 +1,13 @@
 """Tool rollback that does not hide failures: four ways to treat a failed tool call, trained from
 the agent warm start and scored held out, paired by task against no rollback.
 
-Arms (docs/multi_turn.md, "Tool-call rollback"): ``no_rollback``; ``rollback_no_negatives``
-(design 004 with negatives off: retried failures are erased); ``rollback_negatives`` (the
-default: every retried failure is a negative, no cap); ``fission`` (the failure stays, its
-error feedback is gone on from on-policy, the failing turn trains as a negative). For each arm
-and seed, ``toolgrpo train configs/agent_smollm2_grpo.yaml`` on calculator + search (the task
-types whose tools can fail), then ``toolgrpo eval`` of the final checkpoint on every held-out
+Arms (docs/multi_turn.md, "Tool-call rollback"): ``no_rollback``; ``rollback_negatives`` (the
+default: ``retry``, every retried failure a negative scored -1, no cap); ``negatives_r0`` (the
+same with ``negative_reward: 0``, so the negatives carry about half their share of the update);
+``fission`` (Fission-GRPO: an episode's first failed call forks a group of continuations sampled
+from its error feedback, trained as their own GRPO group). For each arm and seed, ``toolgrpo
+train configs/agent_smollm2_grpo.yaml`` on calculator + search (the task types whose tools can
+fail), then ``toolgrpo eval`` of the final checkpoint on every held-out
 calculator and search task (200, greedy, no rollback), paired by task with ``no_rollback`` of
 the same seed (``toolgrpo.eval.paired``). Finished runs and evals are reused, so an interrupted
 run resumes where it stopped; one ``--work`` holds one setting (its overrides are checked). Each
@@ -14,8 +15,12 @@ eval (without its episodes' text), each finished run's training metrics and the 
 kept in git, in ``benchmarks/results/<out>_kept/``: a later checkout reuses a kept (arm, seed)
 without training or evaluating it, and ``--report`` works from the kept copies alone.
 
-    python benchmarks/negatives.py --seeds 0 1            # ~4 runs x 35 min a seed on 2 cores
-    python benchmarks/negatives.py --seeds 0 1 --report   # only re-read what is there
+    python benchmarks/negatives.py --seeds 0 1 2            # ~4 runs x 35 min a seed on 2 cores
+    python benchmarks/negatives.py --seeds 0 1 2 --report   # only re-read what is there
+
+Each directory records the overrides of the arms it holds runs of (``arms.json``; one without it
+holds the arms as first run, ``LEGACY_ARMS``): runs of an arm whose overrides changed since (the
+first ``fission`` arm, which relabelled instead of forking) are refused, never reused.
 
 Writes ``benchmarks/results/negatives.json``: ``arms.<name>`` with ``accuracy``,
 ``tool_error_rate`` (errors per call), ``episodes_with_tool_error``, each with ``*_se`` (over
@@ -41,7 +46,16 @@ sys.path.insert(0, str(ROOT / "src"))
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cli_runs import ONE_BATCH, toolgrpo  # noqa: E402
-from kept import finder, keep_evals, keep_file, kept_dir, pin, step_means, training_steps  # noqa: E402
+from kept import (  # noqa: E402
+    finder,
+    keep_evals,
+    keep_file,
+    kept_dir,
+    pin,
+    step_means,
+    training_steps,
+    write_atomic,
+)
 from main_job_seeds import machine  # noqa: E402
 
 from toolgrpo.eval.paired import load_outcomes, paired_values  # noqa: E402
@@ -52,10 +66,24 @@ MT = "actor_rollout_ref.rollout.multi_turn."
 BASELINE = "no_rollback"
 ARMS: dict[str, list[str]] = {
     "no_rollback": [f"{MT}enable_tool_rollback=false"],
-    "rollback_no_negatives": [f"{MT}enable_tool_rollback=true", f"{MT}save_negative_samples=false"],
     "rollback_negatives": [f"{MT}enable_tool_rollback=true"],  # the defaults: retry, no cap
+    "negatives_r0": [f"{MT}enable_tool_rollback=true", f"{MT}negative_reward=0"],
+    "fission": [
+        f"{MT}enable_tool_rollback=true",
+        f"{MT}rollback_mode=fission",
+        f"{MT}fission_group_size=4",
+        f"{MT}max_fission_forks_per_step=8",
+    ],
+}
+# What the arms of a directory without ``arms.json`` were run with (the first version of this
+# benchmark): its ``fission`` relabelled failures (today's ``rollback_mode=relabel``).
+LEGACY_ARMS: dict[str, list[str]] = {
+    "no_rollback": ARMS["no_rollback"],
+    "rollback_no_negatives": [f"{MT}enable_tool_rollback=true", f"{MT}save_negative_samples=false"],
+    "rollback_negatives": ARMS["rollback_negatives"],
     "fission": [f"{MT}enable_tool_rollback=true", f"{MT}rollback_mode=fission"],
 }
+ARMS_FILE = "arms.json"
 MEASURES = ("accuracy", "tool_error_rate", "episodes_with_tool_error")
 TRAINING_KEYS = (
     "reward/mean",
@@ -71,6 +99,30 @@ TRAINING_KEYS = (
     "timing/step_s",
 )
 STEPS = 16  # the config's total_training_steps
+SEEDS = (0, 1, 2)
+
+
+def pin_arms(dirs: list[Path], arms: list[str], record: bool = True) -> None:
+    """Check that no directory holds runs of an arm under other overrides than ``ARMS`` gives
+    it now (``SystemExit`` naming the files to move away), then (``record``) record the
+    overrides of ``arms``, which are about to run there."""
+    for d in dirs:
+        path = d / ARMS_FILE
+        recorded = json.loads(path.read_text()) if path.is_file() else dict(LEGACY_ARMS)
+        for arm in ARMS:
+            held = sorted(d.glob(f"eval_{arm}_seed_*.json")) + (
+                [d / arm] if (d / arm).is_dir() else []
+            )
+            if held and recorded.get(arm, ARMS[arm]) != ARMS[arm]:
+                raise SystemExit(
+                    f"{d} holds {arm} runs made with {recorded.get(arm)}, not {ARMS[arm]}: move "
+                    f"{', '.join(p.name for p in held)} out of {d} (or use another --work, and "
+                    "another --out for the kept copies)"
+                )
+    for d in dirs if record else []:
+        path = d / ARMS_FILE
+        recorded = json.loads(path.read_text()) if path.is_file() else {}
+        write_atomic(path, json.dumps({**recorded, **{a: ARMS[a] for a in arms}}, indent=1) + "\n")
 
 
 def run_dir(work: Path, arm: str, seed: int) -> Path:
@@ -347,7 +399,7 @@ def write(result: dict, out: Path, curves: Mapping[str, list[dict[int, float]]])
 
 def main(argv: list[str]) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    ap.add_argument("--seeds", type=int, nargs="+", default=list(SEEDS))
     ap.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS))
     ap.add_argument("--steps", type=int, default=STEPS)
     ap.add_argument("--work", type=Path, default=ROOT / "outputs" / "negatives")
@@ -358,6 +410,7 @@ def main(argv: list[str]) -> None:
     work, kept = args.work, kept_dir(args.out)
     work.mkdir(parents=True, exist_ok=True)
     log = work / "log.txt"
+    pin_arms([work, kept], args.arms, record=not args.report)
     if not args.report:
         setting = json.dumps({"overrides": args.overrides, "steps": args.steps})
         pin([work, kept], {"setting.json": setting, "overrides.json": json.dumps(args.overrides)})

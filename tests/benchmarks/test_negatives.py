@@ -38,17 +38,20 @@ def _eval(work: Path, arm: str, seed: int, solved: set[int], errors: dict[int, i
 
 
 def test_arms_and_their_commands(tmp_path):
-    assert list(bench.ARMS) == ["no_rollback", "rollback_no_negatives", "rollback_negatives",
-                                "fission"]  # fmt: skip
+    assert list(bench.ARMS) == ["no_rollback", "rollback_negatives", "negatives_r0", "fission"]
     run = bench.run_dir(tmp_path, "fission", 1)
     args = bench.train_args("fission", 1, run, 16, ["actor_rollout_ref.actor.optim.lr=5e-5"])
     assert args[:2] == ["train", str(bench.CONFIG)]
     mt = "actor_rollout_ref.rollout.multi_turn."
     assert f"{mt}rollback_mode=fission" in args and f"{mt}enable_tool_rollback=true" in args
+    assert f"{mt}fission_group_size=4" in args and f"{mt}max_fission_forks_per_step=8" in args
     assert "data.train_files=[calculator:train,search:train]" in args
     assert "trainer.seed=1" in args and f"trainer.output_dir={run}" in args
     assert args[-1] == "actor_rollout_ref.actor.optim.lr=5e-5"  # the user's overrides win
-    assert f"{mt}save_negative_samples=false" in bench.ARMS["rollback_no_negatives"]
+    assert bench.ARMS["negatives_r0"] == [
+        f"{mt}enable_tool_rollback=true",
+        f"{mt}negative_reward=0",
+    ]
     assert bench.ARMS["rollback_negatives"] == [f"{mt}enable_tool_rollback=true"]  # defaults
     ev = bench.eval_args(run / "checkpoints" / "global_step_16", tmp_path / "e.json")
     assert ev[-1] == "data.val_files=[calculator:test,search:test]" and "--checkpoint" in ev
@@ -136,6 +139,42 @@ def test_first_try_curve_falls_back_to_the_mean_without_rollback(tmp_path):
     assert bench.first_try_curve(None) == {} and bench.first_try_curve(tmp_path / "no") == {}
 
 
+def test_every_arm_is_a_valid_config():
+    """Each arm's overrides load and validate (the fission keys exist, negative_reward 0 is
+    allowed by the calculator's and search's reward range)."""
+    from toolgrpo.config.loader import load_config
+    from toolgrpo.config.schema import TrainConfig
+    from toolgrpo.config.validate import validate_train_config
+
+    for arm, over in bench.ARMS.items():
+        cfg = load_config(TrainConfig, bench.CONFIG, over)
+        validate_train_config(cfg)
+        mt = cfg.actor_rollout_ref.rollout.multi_turn
+        assert mt.enable_tool_rollback == (arm != "no_rollback"), arm
+    assert bench.SEEDS == (0, 1, 2)
+
+
+def test_runs_of_an_arm_made_with_other_overrides_are_refused(tmp_path):
+    """A directory from the first version holds the relabelling ``fission``: refused, naming the
+    files; the arms whose overrides did not change are reused."""
+    old = tmp_path / "old"
+    old.mkdir()
+    for arm in ("no_rollback", "fission"):
+        _eval(old, arm, 0, {0}, {})
+    with pytest.raises(SystemExit, match="fission runs made with .*eval_fission_seed_0.json"):
+        bench.pin_arms([old], ["no_rollback"])
+    bench.eval_path(old, "fission", 0).unlink()
+    bench.pin_arms([old], ["no_rollback", "fission"])  # no_rollback's overrides are the same
+    recorded = json.loads((old / bench.ARMS_FILE).read_text())
+    assert recorded == {"no_rollback": bench.ARMS["no_rollback"], "fission": bench.ARMS["fission"]}
+    _eval(old, "fission", 0, {0}, {})
+    bench.pin_arms([old], ["fission"])  # recorded now: reused
+    recorded["fission"] = ["something else"]
+    (old / bench.ARMS_FILE).write_text(json.dumps(recorded))
+    with pytest.raises(SystemExit, match="something else"):
+        bench.pin_arms([old], [], record=False)
+
+
 def _no_run(*args: str, log: Path) -> None:
     raise AssertionError(f"ran toolgrpo {' '.join(args)}")
 
@@ -144,6 +183,7 @@ def test_a_checkout_with_only_the_kept_copies_resumes_and_reports_the_same(tmp_p
     monkeypatch.setattr(bench, "toolgrpo", _no_run)  # every (arm, seed) is done: nothing may run
     work, out = tmp_path / "work", tmp_path / "results" / "negatives.json"
     work.mkdir()
+    bench.pin_arms([work], list(bench.ARMS))  # as a run does before its first eval
     for s in (0, 1):
         _eval(work, "no_rollback", s, {0, 1, 2, 3 + s}, {0: 2, 1: 1})
         _eval(work, "fission", s, {0, 1, 2, 5, 6 + s}, {0: 1})
