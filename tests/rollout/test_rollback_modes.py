@@ -204,3 +204,46 @@ def test_startup_checks_follow_the_mode(caplog):
     with caplog.at_level("WARNING"):
         EpisodeRunner(off, None, None, EnvRouter({"div": {"type": "test_div"}})).check([TASK])
     assert "erases every retried failure" in caplog.text
+
+
+# ---- design 004's YAML, verbatim ---------------------------------------------------------------
+
+DESIGN_004 = [
+    """
+actor_rollout_ref:
+  rollout:
+    multi_turn:
+      enable_tool_rollback: true
+      max_tool_retries: 3
+      save_negative_samples: true  # Enable negative sample saving
+      max_negative_samples_per_group: 1  # Max negative samples per group
+""",
+    """
+algorithm:
+  adv_estimator: grpo
+
+actor_rollout_ref:
+  rollout:
+    n: 8  # Generate 8 samples per prompt
+    multi_turn:
+      enable_tool_rollback: true
+      max_tool_retries: 3
+      save_negative_samples: true
+      max_negative_samples_per_group: 1  # Add at most 1 negative sample per group
+""",
+]
+
+
+@pytest.mark.parametrize("text", DESIGN_004)
+def test_design_004s_yaml_still_runs_verbatim(tok, tmp_path, text):
+    """The design's configuration blocks load, validate and play: retry, a cap of one negative
+    per group, the failure rolled back into it (multi_turn.enable on, as every multi-turn run)."""
+    path = tmp_path / "design_004.yaml"
+    path.write_text(text)
+    cfg = load_config(TrainConfig, str(path), [f"{KEY}enable=true"])
+    validate_train_config(cfg)
+    policy = RollbackPolicy.from_config(cfg.actor_rollout_ref.rollout.multi_turn)
+    assert policy is not None and policy.mode == "retry" and policy.max_retries == 3
+    assert policy.max_negatives_per_group == 1 and policy.keeps_negatives
+    ep, _ = play(tok, {0: [BAD, GOOD], 1: [ANSWER]}, div_env(), policy, NegativeBudget(1))
+    assert ep.reward == 1.0 and len(ep.negatives) == 1 and ep.rollback.recovered == 1
