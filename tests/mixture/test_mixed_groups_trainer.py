@@ -14,7 +14,7 @@ from tests.conftest import read_metrics
 from toolgrpo.algos import compute_grpo_advantages
 from toolgrpo.config.loader import ConfigError
 from toolgrpo.rewards.scoring import Score
-from toolgrpo.trainer import actor as actor_mod
+from toolgrpo.mixture import objective as objective_mod
 from toolgrpo.trainer import rollout_stage as trainer_mod
 from toolgrpo.trainer.trainer import Trainer
 
@@ -103,13 +103,13 @@ def test_each_actor_group_holds_k_fixed_samples_ranked_together(mix_config, tmp_
 
 def test_shaped_fixed_rows_reach_the_loss_through_policy_shaping(mix_config, tmp_path, monkeypatch):
     calls = []
-    orig = actor_mod.shaped_policy_loss
+    orig = objective_mod.shaped_policy_loss
 
     def spy(lp, adv, mask, gamma, fixed_lp, agg, scale, shaped, normalize):
         calls.append((gamma, fixed_lp is not None, shaped.clone(), normalize))
         return orig(lp, adv, mask, gamma, fixed_lp, agg, scale, shaped, normalize)
 
-    monkeypatch.setattr(actor_mod, "shaped_policy_loss", spy)
+    monkeypatch.setattr(objective_mod, "shaped_policy_loss", spy)
     extra = {"rollout_only.fixed_loss": "shaped", "rollout_only.shaping_gamma": 0.2}
     trainer = Trainer(mix_config(out=tmp_path / "sh", **extra))
     seen = _capture(trainer)
@@ -121,7 +121,8 @@ def test_shaped_fixed_rows_reach_the_loss_through_policy_shaping(mix_config, tmp
     assert (b["shaping_BR"][~fixed] == 0).all()
     assert (b["is_weights_BR"][fixed] == 0).all()  # the PPO term is off on shaped rows
     assert calls and all(g == 0.2 and fixed and not n for g, fixed, _, n in calls)
-    assert sum(float(c[2].sum()) for c in calls) == float(mask[fixed].sum())
+    # each micro-batch twice: its loss, and the loss again for mixture/fixed_grad_share
+    assert sum(float(c[2].sum()) for c in calls) == 2 * float(mask[fixed].sum())
     assert math.isfinite(rec["actor/pg_loss"]) and math.isfinite(rec["actor/grad_norm"])
     assert 0 < rec["mixture/shaping_grad_weight_mean"] <= 0.25
     for k in RAW_KEYS:

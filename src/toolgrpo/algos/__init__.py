@@ -11,6 +11,7 @@ from toolgrpo.algos.advantages import (
     register_adv_estimator,
     token_level_rewards,
 )
+from toolgrpo.algos.grpo_split import compute_grpo_split_advantages
 from toolgrpo.algos.kl import (
     KL_KINDS,
     AdaptiveKLController,
@@ -41,6 +42,7 @@ __all__ = [
     "compute_dr_grpo_advantages",
     "compute_gae_advantages",
     "compute_grpo_advantages",
+    "compute_grpo_split_advantages",
     "compute_rloo_advantages",
     "entropy_from_logits",
     "get_adv_estimator",

@@ -308,6 +308,7 @@ def compute_advantages(
     lam: float = 1.0,
     norm_adv_by_std_in_grpo: bool = True,
     is_negative_B: Flags | None = None,
+    on_policy_B: Flags | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Single trainer entry point: run estimator ``name`` with the arguments it declares.
 
@@ -329,6 +330,7 @@ def compute_advantages(
         "lam": lam,
         "norm_adv_by_std_in_grpo": norm_adv_by_std_in_grpo,
         "is_negative_B": is_negative_B,
+        "on_policy_B": on_policy_B,  # rows the actor sampled (a mixture's; grpo_split reads it)
     }
     params = inspect.signature(fn).parameters
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):

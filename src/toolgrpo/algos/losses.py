@@ -159,9 +159,17 @@ def kl_loss(
     kind: str = "low_var_kl",
     agg_mode: str = "token-mean",
     loss_scale_factor: float | None = None,
+    rows_B: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """KL-to-reference loss term (verl use_kl_loss): agg_loss(kl_penalty(logp, ref, kind))."""
+    """KL-to-reference loss term (verl use_kl_loss): agg_loss(kl_penalty(logp, ref, kind)).
+
+    ``rows_B`` (0/1 per row, None: all): rows with 0 add no KL but still count in the
+    aggregation's denominator, so the KL of the other rows weighs as it would in the whole
+    batch (a mixture's fixed-policy rows, ``rollout_only.fixed_kl_loss=false``)."""
     kl = kl_penalty(logprobs, ref_logprobs.detach(), kind)
+    if rows_B is not None:
+        keep = (rows_B != 0).unsqueeze(-1).expand_as(kl)
+        kl = torch.where(keep, kl, torch.zeros_like(kl))
     return agg_loss(kl, mask, agg_mode, loss_scale_factor)
 
 

@@ -46,7 +46,7 @@ class FilterGroupsConfig:
 
 @dataclass
 class AlgorithmConfig:
-    adv_estimator: str = "grpo"  # grpo | dr_grpo | rloo | gae
+    adv_estimator: str = "grpo"  # grpo | dr_grpo | rloo | gae | grpo_split (mixed groups)
     norm_adv_by_std_in_grpo: bool = True
     gamma: float = 1.0
     lam: float = 1.0

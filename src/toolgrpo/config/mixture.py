@@ -77,4 +77,12 @@ class RolloutOnlyConfig:
     # f times (1 + γ)²/γ: weight 1 where the actor agrees with the fixed policy (r = 1), as an
     # on-policy token has; LUFFY's own f (false) gives fixed tokens at most 1/4 of that.
     shaping_normalize: bool = False
+    # Beyond the design, what else the update does with fixed rows (toolgrpo.mixture.objective).
+    # fixed_kl_loss: the KL-to-reference loss (actor.use_kl_loss) covers fixed rows too (true) or
+    # the actor's rows only (false: no pull of the fixed policy's tokens back to the reference).
+    fixed_kl_loss: bool = True
+    # guided (SRFT/ReLIFT-style): + guided_coef × NLL of the fixed rows scoring >= guided_min_score
+    # (a fixed policy's successes), aggregated like the policy loss; 0 = off.
+    guided_coef: float = 0.0
+    guided_min_score: float = 1.0  # the built-in environments' full marks
     offload: bool = False  # load the fixed model only for the steps that use it, free it after

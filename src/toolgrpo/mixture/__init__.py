@@ -14,17 +14,22 @@ Config (the design's keys; off unless ``rollout_only.model_path`` is set)::
       fixed_loss: is               # is | shaped: LUFFY's −A·r/(r + γ) (beyond the design)
       shaping_gamma: 0.1           #   γ; shaping_ratio: ratio (π/π_fixed) | prob (π)
       shaping_normalize: false     #   f × (1 + γ)²/γ: weight 1 at r = 1, as on-policy tokens
+      fixed_kl_loss: true          # false: actor.use_kl_loss's term skips fixed rows
+      guided_coef: 0.0             # λ > 0: + λ·NLL on fixed rows scoring >= guided_min_score
+      guided_min_score: 1.0        #   (SRFT/ReLIFT-style guidance, ``objective``)
       extra_policies: [...]        # more fixed policies (unset fields take rollout_only's)
     rollout_allocation_schedule:
       type: constant               # constant|linear|exponential|step|adaptive|module:Class
       alpha: 0.5
       groups: whole                # whole | mixed: k = fixed_per_group fixed samples join the
       fixed_per_group: 1           #   actor's group of n; GRPO over n + k (beyond the design)
+    algorithm:
+      adv_estimator: grpo_split    # LUFFY's: mixed groups' baseline over the actor's rows only
 
 The fixed policies must share the actor's tokenizer (checked at startup) and sample on the
 actor's backend (HF or vLLM). Rows carry their sampler in ``Batch.policies``; see
-``correction`` for what the loss does with them, ``groups`` for mixed groups and ``schedule``
-for the schedule API.
+``correction`` for their old log-probs and weights, ``objective`` for the update's other terms
+on them and their share of it, ``groups`` for mixed groups and ``schedule`` for the schedule API.
 """
 
 from toolgrpo.mixture.correction import ROLLOUT_IS_LEVELS, Correction, correct_fixed_rows

@@ -26,6 +26,7 @@ from toolgrpo.config.schema import TrainConfig
 from toolgrpo.data.task import Task
 from toolgrpo.mixture.correction import correct_fixed_rows
 from toolgrpo.mixture.groups import group_signal_metrics, join_groups
+from toolgrpo.mixture.objective import guided_rows
 from toolgrpo.mixture.policies import FixedPolicies, fixed_specs
 from toolgrpo.mixture.schedule import ACTOR, allocate, build_schedule
 from toolgrpo.mixture.support import support_gap
@@ -98,6 +99,7 @@ class Mixture:
             ro.shaping_normalize,
         )
         self.mixed, self.k = sc.groups == "mixed", sc.fixed_per_group
+        self.guided = ro.guided_min_score if ro.guided_coef > 0 else None  # objective.py
         self._metrics_file = Path(cfg.trainer.output_dir) / "metrics.jsonl"
         self._replayed = False
         specs = fixed_specs(cfg)
@@ -258,6 +260,9 @@ class Mixture:
         if self.samples:
             metrics["actor/is_support_gap"] = self._support_gap(batch, actor, fixed_B)
         metrics["rollout/fixed_groups_with_signal"] = fixed_groups_with_signal(batch)
+        if self.guided is not None:  # the fixed rows the guided NLL trains on (their successes)
+            rows = guided_rows(batch.policies, batch.scores_B, batch.is_negative, self.guided)
+            metrics["mixture/guided_row_frac"] = float(rows.sum()) / int(fixed_B.sum())
         return {**c.metrics, **metrics}
 
     def _support_gap(self, batch: Batch, actor: Actor, fixed_B: torch.Tensor) -> float:

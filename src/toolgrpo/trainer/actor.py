@@ -15,10 +15,10 @@ import torch
 
 from toolgrpo import progress
 from toolgrpo.algos import agg_loss, get_policy_loss, kl_loss, value_loss
-from toolgrpo.algos.offpolicy import shaped_policy_loss
 from toolgrpo.config.schema import TrainConfig
 from toolgrpo.distributed.fsdp import Ranks
 from toolgrpo.distributed.sharded_load import shard_policy, start_policy
+from toolgrpo.mixture.objective import FixedObjective, pop_grad_share
 from toolgrpo.models.compiled import compile_training_blocks
 from toolgrpo.models.loading import Policy, load_policy, trainable_parameters
 from toolgrpo.models.logprobs import response_logprobs, shared_prefix_logprobs
@@ -74,6 +74,8 @@ class Actor:
         self.compile = acfg.use_torch_compile
         if self.compile:
             compile_training_blocks(policy.model)
+        # a mixture's fixed-row terms (mixture/objective.py); None without a fixed policy
+        self.fixed = FixedObjective.from_config(cfg) if cfg.rollout_only.model_path else None
         self.value_head: torch.nn.Linear | None = None
         if cfg.algorithm.adv_estimator == "gae":
             hidden = policy.base.config.hidden_size
@@ -207,6 +209,7 @@ class Actor:
         count = max(sums.pop("_weight"), 1.0)
         skips = sums.pop("actor/nonfinite_grad_skips", 0.0)
         metrics = {k: v / count for k, v in sums.items()}
+        metrics |= pop_grad_share(metrics)  # mixture/fixed_grad_share
         metrics["actor/grad_norm"] = sum(grad_norms) / max(len(grad_norms), 1)
         metrics["actor/lr"] = self.optimizer.param_groups[0]["lr"]
         metrics["actor/nonfinite_grad_skips"] = skips
@@ -281,26 +284,18 @@ class Actor:
             self.cfg.data.max_response_length
         )  # Dr.GRPO's constant, not the trimmed width
         low, high = rollout_correction.clip_band(self.cfg)
-        is_w = {} if weights is None else {"is_weights_BT": weights}
-        pg, pm = get_policy_loss(acfg.policy_loss.loss_mode)(
-            old,
-            lp,
-            mb.advantages_BR[:, :r],
-            mask,
-            clip_ratio_low=low,
-            clip_ratio_high=high,
-            clip_ratio_c=acfg.clip_ratio_c,
-            loss_agg_mode=acfg.loss_agg_mode,
-            loss_scale_factor=scale,
-            **is_w,
-        )
-        if mb.shaping_BR is not None:  # the mixture's fixed rows under policy shaping (LUFFY)
-            ro = self.cfg.rollout_only
-            fixed_lp = mb.rollout_logprobs_BR[:, :r] if ro.shaping_ratio == "ratio" else None
-            adv, shaped_BR = mb.advantages_BR[:, :r], mb.shaping_BR[:, :r]
-            args = (ro.shaping_gamma, fixed_lp, acfg.loss_agg_mode, scale, shaped_BR)
-            shaped, _ = shaped_policy_loss(lp, adv, mask, *args, ro.shaping_normalize)
-            pg = pg + shaped  # the PPO term has weight 0 on those tokens
+        agg, adv = acfg.loss_agg_mode, mb.advantages_BR[:, :r]
+        kw = {"clip_ratio_low": low, "clip_ratio_high": high, "clip_ratio_c": acfg.clip_ratio_c}
+        kw |= {"loss_agg_mode": agg, "loss_scale_factor": scale}
+        kw |= {} if weights is None else {"is_weights_BT": weights}
+
+        def policy(lp_: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+            """PPO's term, plus a mixture's shaped and guided terms on fixed rows."""
+            pg, pm = get_policy_loss(acfg.policy_loss.loss_mode)(old, lp_, adv, mask, **kw)
+            extra, em = self.fixed.terms(mb, lp_, mask, agg, scale) if self.fixed else (None, {})
+            return (pg if extra is None else pg + extra), {**pm, **em}
+
+        pg, pm = policy(lp)
         entropy = agg_loss(ent, mask, acfg.loss_agg_mode, scale)
         loss = pg - acfg.entropy_coeff * entropy
         metrics = {
@@ -310,10 +305,12 @@ class Actor:
             "actor/clipfrac_lower": pm["pg_clipfrac_lower"],
             "actor/ppo_kl": pm["ppo_kl"],
         }
+        if self.fixed is not None:  # how much of the update the fixed rows get
+            metrics |= self.fixed.grad_masses(lambda x: policy(x)[0], lp, mask, mb)
+            metrics |= {k: v for k, v in pm.items() if k.startswith("mixture/")}
         if acfg.use_kl_loss:
-            kl = kl_loss(
-                lp, mb.ref_logprobs_BR[:, :r], mask, acfg.kl_loss_type, acfg.loss_agg_mode, scale
-            )
+            rows = None if self.fixed is None else self.fixed.kl_rows(mb)  # fixed_kl_loss
+            kl = kl_loss(lp, mb.ref_logprobs_BR[:, :r], mask, acfg.kl_loss_type, agg, scale, rows)
             loss = loss + acfg.kl_loss_coef * kl
             metrics["actor/kl_loss"] = float(kl.detach())
         if gae and values is not None:

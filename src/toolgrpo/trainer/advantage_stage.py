@@ -20,6 +20,7 @@ from toolgrpo.algos import compute_advantages as estimate_advantages
 from toolgrpo.algos.utils import masked_mean
 from toolgrpo.config.algorithm import AlgorithmConfig
 from toolgrpo.config.schema import TrainConfig
+from toolgrpo.mixture.schedule import ACTOR
 from toolgrpo.trainer import rollout_correction
 from toolgrpo.trainer.batch import Batch
 from toolgrpo.trainer.metrics import negative_metrics
@@ -112,6 +113,7 @@ def compute_advantages(
         lam=alg.lam,
         norm_adv_by_std_in_grpo=alg.norm_adv_by_std_in_grpo,
         is_negative_B=batch.is_negative,  # rolled-back attempts stay out of the baselines
+        on_policy_B=[p == ACTOR for p in batch.policies],  # a mixture's actor rows (grpo_split)
     )
     if price is not None:  # router.lagrangian=price|advantage: A − λ·cost term
         metrics.update(price.advantages(batch))
