@@ -18,7 +18,9 @@ def _mask(n: int) -> torch.Tensor:
 
 
 def _split(scores, uids, on, **kw) -> list[float]:
-    adv, ret = compute_grpo_split_advantages(torch.tensor(scores), _mask(len(scores)), uids, on, **kw)
+    adv, ret = compute_grpo_split_advantages(
+        torch.tensor(scores), _mask(len(scores)), uids, on, **kw
+    )
     assert torch.equal(adv, ret)
     return adv[:, 0].tolist()
 

@@ -13,8 +13,8 @@ import torch
 from tests.conftest import read_metrics
 from toolgrpo.algos import compute_grpo_advantages
 from toolgrpo.config.loader import ConfigError
-from toolgrpo.rewards.scoring import Score
 from toolgrpo.mixture import objective as objective_mod
+from toolgrpo.rewards.scoring import Score
 from toolgrpo.trainer import rollout_stage as trainer_mod
 from toolgrpo.trainer.trainer import Trainer
 
