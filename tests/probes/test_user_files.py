@@ -83,7 +83,8 @@ def test_eval_dumps_into_a_live_trainers_run_are_refused(
     tiny_model_dir, tiny_data, tmp_path, capsys, holder, no_model
 ):
     run = tmp_path / "run"
-    pid = holder(run)  # a live trainer
+    pid = holder(run)  # a live trainer, which has written its config
+    (run / "config.yaml").write_text("trainer: {}\n")
     argv = ["--output", str(tmp_path / "e.json"), "--rollout-data-dir", str(run / "rollout_data")]
     assert main(_eval(tiny_model_dir, tiny_data, *argv)) == 2
     line = one_error_line(capsys.readouterr().err, "eval")

@@ -113,13 +113,20 @@ def lock_run_dir(run_dir: Path, key_name: str = "trainer.output_dir") -> RunLock
     return RunLock(run_dir, key)
 
 
+# What a training run writes at its start: a folder holding one of them is a run directory.
+_RUN_MARKERS = ("config.yaml", "checkpoints", "metrics.jsonl")
+
+
 def refuse_live_run_above(path: Path, key_name: str) -> None:
     """Raise ``RunLocked`` when a folder above ``path`` is a run directory another live
     process holds (``--rollout-data-dir RUN/rollout_data`` while RUN trains). Looks only:
-    creates no lock file, and lets go of one it could take at once."""
+    creates no lock file, and lets go of one it could take at once. A locked folder that is
+    no run (another eval's output folder) does not count."""
     for parent in Path(os.path.realpath(path)).parents:
         lock = parent / LOCK_FILE
         if str(parent) in _HELD or not lock.is_file() or lock.is_symlink():
+            continue
+        if not any((parent / name).exists() for name in _RUN_MARKERS):
             continue
         try:
             fd = os.open(lock, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
