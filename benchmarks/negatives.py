@@ -95,6 +95,8 @@ TRAINING_KEYS = (
     "rollback/failed",
     "rollback/erased",
     "rollback/forks",
+    "rollout/fission_rows",
+    "reward/fission_mean",
     "batch/size",
     "timing/step_s",
 )

@@ -241,3 +241,15 @@ def test_forks_follow_the_parents_policy_and_leave_the_parents_group_alone(tok):
     extra = negative_parents(eps)
     assert len(extra) == batch.size - len(eps) and all(eps[i].forks for i in extra)
     assert torch.equal(batch.scores_B[: len(eps)], torch.tensor([e.reward for e in plain]))
+
+
+def test_the_step_metrics_count_the_continuations_apart(tok):
+    from toolgrpo.trainer.episode_metrics import episode_metrics
+
+    eps = play(tok, [TASK], 4, FISSION, seed=3)
+    forks = [c for e in eps for c in e.forks]
+    m = episode_metrics(eps)
+    assert m["rollout/fission_rows"] == len(forks) and m["rollback/forks"] == len(forks) / 3
+    assert m["reward/fission_mean"] == pytest.approx(sum(c.reward for c in forks) / len(forks))
+    assert m["episode/reward/mean"] == pytest.approx(sum(e.reward for e in eps) / 4)  # episodes
+    assert "rollout/fission_rows" not in episode_metrics(play(tok, [TASK], 4, None, seed=3))

@@ -91,6 +91,7 @@ def env_failure_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
 def rollback_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
     """Tool rollback: turns rolled back, re-samplings, the share of rolled-back turns that
     recovered, negatives kept and groups that got any; what became of every failed attempt;
+    fission's continuation rows and their mean reward (absent without any);
     per task type, the error rate of the calls that stand in the final transcripts
     (``tool_error_rate`` counts every attempt). A repaired episode's reward is not a first try's,
     so ``reward/first_try_mean`` and ``reward/repaired_mean`` split the episodes."""
@@ -111,6 +112,10 @@ def rollback_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
         m[f"rollback/{name}"] = float(sum(getattr(e.rollback, name) for e in episodes))
     repaired = sum(e.rollback.repaired for e in episodes)
     m["rollback/repaired_frac"] = repaired / len(episodes) if episodes else 0.0
+    forks = [f for e in episodes for f in e.forks]  # fission's continuations: rows, not episodes
+    if forks:
+        m["rollout/fission_rows"] = float(len(forks))
+        m["reward/fission_mean"] = fmean(f.reward for f in forks)
     m.update(first_try_metrics(episodes, "reward/"))
     by_type: dict[str, list[Episode]] = defaultdict(list)
     for e in episodes:
