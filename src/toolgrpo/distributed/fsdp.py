@@ -1,245 +1,28 @@
 """Data-parallel FSDP2 for the update (``trainer.distributed.strategy=fsdp2``, under torchrun).
 
-Every rank runs the same loop and samples its share of each step's prompt groups (or rank 0 alone,
-``trainer.distributed.rollout_ranks=main``); rank 0 alone logs and writes checkpoints. The actor
-(and reference) are sharded with ``torch.distributed.fsdp.fully_shard``: one unit per decoder layer
-plus a root owning the embeddings, final norm, LM head and value head. The root, ``ShardedLM``, runs
-whatever log-prob function it is given, so the log-prob code (which calls the decoder and the head
-separately) goes through one FSDP root, and tied embeddings stay in one unit.
+The actor (and reference) are sharded with ``torch.distributed.fsdp.fully_shard``: one unit per
+decoder layer plus a root owning the embeddings, final norm, LM head and value head. The root,
+``ShardedLM``, runs whatever log-prob function it is given, so the log-prob code (which calls the
+decoder and the head separately) goes through one FSDP root, and tied embeddings stay in one
+unit. The process group itself (``Ranks``, start and exit) is ``ranks.py``'s.
 """
 
 from __future__ import annotations
 
-import gc
-import logging
-import os
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from toolgrpo.config.loader import ConfigError
-from toolgrpo.errors import UserError
-
-
-class DistributedSetupError(UserError):
-    """A device or process-group setting this machine or launch cannot honour."""
-
-
-def resolve_device(name: str) -> torch.device:
-    """``trainer.device``: ``auto`` is CUDA when available (the local rank's GPU), else CPU."""
-    local = int(os.environ.get("LOCAL_RANK", "0"))
-    if name == "auto":
-        return torch.device("cuda", local) if torch.cuda.is_available() else torch.device("cpu")
-    if name == "cpu":
-        return torch.device("cpu")
-    if name == "cuda" or name.startswith("cuda:"):
-        if not torch.cuda.is_available():
-            raise DistributedSetupError(
-                f"trainer.device={name} but CUDA is not available here "
-                f"(torch {torch.__version__}); use trainer.device=auto or cpu"
-            )
-        return torch.device(name) if ":" in name else torch.device("cuda", local)
-    raise DistributedSetupError(f"trainer.device must be auto, cpu, cuda or cuda:N, got {name!r}")
-
-
-@dataclass(frozen=True)
-class Ranks:
-    """This process's place in the update's process group (world 1 without FSDP)."""
-
-    rank: int = 0
-    world: int = 1
-    sharded: bool = False
-    device: torch.device = torch.device("cpu")
-    rollout_all: bool = False  # every rank samples its share (trainer.distributed.rollout_ranks)
-
-    @property
-    def main(self) -> bool:
-        return self.rank == 0
-
-    @property
-    def samples(self) -> bool:
-        """This rank generates rollouts (and so holds a whole rollout copy of the policy)."""
-        return self.main or self.rollout_all
-
-    def gather(self, obj: Any) -> list[Any] | None:
-        """Every rank's ``obj`` on rank 0, in rank order (pickled); None on other ranks."""
-        if self.world == 1:
-            return [obj]
-        box: list[Any] | None = [None] * self.world if self.main else None
-        dist.gather_object(obj, box, dst=0)
-        return box
-
-    def broadcast(self, obj: Any) -> Any:
-        """Rank 0's ``obj`` on every rank (pickled; batches are small next to the weights)."""
-        if self.world == 1:
-            return obj
-        box = [obj if self.main else None]
-        dist.broadcast_object_list(box, src=0)
-        return box[0]
-
-    def sum_(self, t: torch.Tensor) -> torch.Tensor:
-        """In-place sum over ranks; the backend's device is used for the transfer."""
-        if self.world > 1:
-            moved = t.to(self.device)
-            dist.all_reduce(moved)
-            t.copy_(moved)
-        return t
-
-    def max_int(self, n: int) -> int:
-        if self.world == 1:
-            return n
-        t = torch.tensor([n], dtype=torch.long, device=self.device)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return int(t.item())
-
-    def all_(self, flag: bool) -> bool:
-        """True when ``flag`` is True on every rank (a collective: every rank must call it)."""
-        return self.world == 1 or self.max_int(int(not flag)) == 0
-
-    def close(self) -> None:
-        """Leave the process group (torch warns at exit about one never destroyed)."""
-        if self.sharded:
-            leave_process_group()
-
-    def mine(self, groups: list[list[int]]) -> list[list[int]]:
-        """Whole groups for this rank (round-robin): a group never straddles two ranks."""
-        return groups[self.rank :: self.world]
-
-
-def leave_process_group(timeout_s: float = 60.0) -> None:
-    """Tear the default process group down together with the other ranks.
-
-    A rank that destroys its gloo context while a peer still drains writes to it can make that
-    peer's process abort at teardown ("terminate called without an active exception"; gloo
-    issue 155; seen here once in ~25 runs of the two-rank tests, under CPU contention). So: free
-    what still references finished collectives' tensors, then wait for every rank (a monitored
-    barrier, which names a rank that never comes instead of hanging when one has died), then
-    destroy."""
-    if not dist.is_initialized():
-        return
-    gc.collect()
-    if dist.get_world_size() > 1:
-        try:
-            if dist.get_backend() == "gloo":
-                dist.monitored_barrier(timeout=timedelta(seconds=timeout_s))
-            else:
-                dist.barrier()
-        except RuntimeError as e:  # a peer already gone: destroy all the same
-            logging.getLogger(__name__).warning("leaving the process group alone: %s", e)
-    dist.destroy_process_group()
-
-
-def check_strategy(cfg: Any) -> None:
-    """What a sharded update cannot run, each with its reason. The router (on rank 0, its
-    λ·cost sent with the batch), the mixture (fixed policies sample on rank 0; every rank
-    corrects the broadcast batch), rollback negatives (rows of the batch), GAE's value head
-    (in the root unit, saved and loaded whole) and async training (rank 0's rollout thread
-    samples from its unsharded copy; the shards are gathered into it between updates) all run."""
-    strategy = cfg.trainer.distributed.strategy
-    if strategy == "none":
-        return
-    refused = {
-        "router.lr=null": (
-            cfg.router.enable and cfg.router.lr is None,
-            "it puts the router head (on rank 0 only) into the actor's optimizer, whose state "
-            "is sharded over every rank; give the head its own SGD with router.lr",
-        ),
-    }
-    on = [f"{k} ({why})" for k, (bad, why) in refused.items() if bad]
-    if on:
-        raise ConfigError(
-            f"trainer.distributed.strategy={strategy} does not support {'; '.join(on)}; "
-            "use strategy=none for it"
-        )
-
-
-def start_ranks(cfg: Any) -> Ranks:
-    """Join (or, for one process without torchrun, create) the process group the config asks
-    for; every misfit between the config and the launch is a one-line error here."""
-    check_strategy(cfg)
-    t = cfg.trainer
-    device = resolve_device(t.device)
-    strategy = t.distributed.strategy
-    env_world = int(os.environ.get("WORLD_SIZE", "1"))
-    if strategy == "none":
-        if env_world > 1:
-            raise DistributedSetupError(
-                f"launched with {env_world} processes (WORLD_SIZE) but "
-                "trainer.distributed.strategy=none; set it to fsdp2 or launch one process"
-            )
-        return Ranks(device=device)
-    backend = "nccl" if device.type == "cuda" else "gloo"
-    if not dist.is_available() or not getattr(dist, f"is_{backend}_available")():
-        raise DistributedSetupError(
-            f"trainer.distributed.strategy={strategy} on {device.type} needs the {backend} "
-            f"backend, which this torch build ({torch.__version__}) lacks"
-        )
-    want = t.nnodes * t.n_gpus_per_node
-    if t.n_gpus_per_node > 0 and want != env_world:
-        raise DistributedSetupError(
-            f"trainer.nnodes × trainer.n_gpus_per_node = {want}, but torchrun started "
-            f"{env_world} processes"
-        )
-    _check_divides(cfg, env_world)
-    if not dist.is_initialized():
-        if "RANK" not in os.environ:  # one process without torchrun: a private group of one
-            os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-            os.environ.setdefault("MASTER_PORT", str(_free_port()))
-            os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
-        if device.type == "cuda":
-            torch.cuda.set_device(device)
-        dist.init_process_group(backend)
-    world = dist.get_world_size()
-    return Ranks(dist.get_rank(), world, True, device, world > 1 and rollout_on_all(cfg))
-
-
-def rollout_on_all(cfg: Any) -> bool:
-    """``trainer.distributed.rollout_ranks`` resolved: with the local backend every rank samples
-    unless ``main``; with Ray, rank 0's pool samples (``all`` is refused: the pool is the
-    scale-out of generation there)."""
-    d = cfg.trainer.distributed
-    if cfg.async_training.enable:  # one rollout thread, on rank 0, beside the update
-        if d.rollout_ranks == "all":
-            raise ConfigError(
-                "trainer.distributed.rollout_ranks=all with async_training.enable: the rollout "
-                "thread runs on rank 0 beside the sharded update (a collective from a second "
-                "thread on every rank would race the update's); leave rollout_ranks=auto"
-            )
-        return False
-    if d.backend == "ray":
-        if d.rollout_ranks == "all":
-            raise ConfigError(
-                "trainer.distributed.rollout_ranks=all with backend=ray: the Ray rollout pool "
-                "samples for every rank; size it with trainer.distributed.num_rollout_workers "
-                "and leave rollout_ranks=auto"
-            )
-        return False
-    return d.rollout_ranks != "main"
-
-
-def _check_divides(cfg: Any, world: int) -> None:
-    """Each mini-batch's groups split evenly over the ranks, or the split would be lopsided."""
-    a = cfg.actor_rollout_ref.actor
-    bs = cfg.data.train_batch_size
-    mini = min(max(1, a.ppo_mini_batch_size), bs)
-    if bs % world or mini % world:
-        raise DistributedSetupError(
-            f"{world} ranks cannot share data.train_batch_size={bs} groups in mini-batches of "
-            f"actor_rollout_ref.actor.ppo_mini_batch_size={a.ppo_mini_batch_size}: both must be "
-            f"multiples of the world size"
-        )
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+# The process group's names, re-exported for the modules that import them from here.
+from toolgrpo.distributed.ranks import DistributedSetupError as DistributedSetupError
+from toolgrpo.distributed.ranks import Ranks as Ranks
+from toolgrpo.distributed.ranks import check_strategy as check_strategy
+from toolgrpo.distributed.ranks import leave_process_group as leave_process_group
+from toolgrpo.distributed.ranks import resolve_device as resolve_device
+from toolgrpo.distributed.ranks import rollout_on_all as rollout_on_all
+from toolgrpo.distributed.ranks import start_ranks as start_ranks
 
 
 class ShardedLM(torch.nn.Module):

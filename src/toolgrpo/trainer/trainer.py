@@ -23,7 +23,6 @@ from toolgrpo.config.validate import validate_train_config
 from toolgrpo.data.loader import load_tasks
 from toolgrpo.data.task import Task
 from toolgrpo.distributed.fsdp import start_ranks
-from toolgrpo.distributed.rank_failure import from_rank0
 from toolgrpo.distributed.rollout_share import RolloutShare
 from toolgrpo.distributed.sharded_load import start_policy
 from toolgrpo.envs.plugins import load_run_plugins
@@ -205,8 +204,7 @@ class Trainer:
     def fit(self) -> list[dict[str, Any]]:
         t = self.cfg.trainer
         main = self.ranks.main
-        # rank 0's; with fsdp2 other ranks log nothing
-        lines = startup_lines(self) if main else ()
+        lines = startup_lines(self) if main else ()  # with fsdp2 other ranks log nothing
         tracker = open_tracker(self.ranks, self.cfg, self.out, self.total_steps, self.step, lines)
         history = []
         watch = NoSignalWatch(t.warn_no_signal_steps, self.cfg.algorithm.adv_estimator != "gae")
@@ -216,7 +214,7 @@ class Trainer:
                 tracker.begin_step(0)
                 tracker.log(self.validate(0), 0)
             while self.step < self.total_steps:
-                step = self.step + 1
+                step = self.ranks.at_step(self.step + 1)  # what a rank's failure line names
                 tracker.begin_step(step)
                 metrics = self.train_step(step, producer)
                 self.step = step
@@ -230,6 +228,8 @@ class Trainer:
                     log.warning("step %d: %s", step, warning)
                 if (t.save_freq > 0 and step % t.save_freq == 0) or step == self.total_steps:
                     self.save_checkpoint()
+        except Exception as e:  # fsdp2: every rank stops with one line (rank_failure.py)
+            raise self.ranks.failed(e)  # noqa: B904 (it is e, or a RankFailed caused by e)
         finally:
             if producer is not None:
                 producer.close()
@@ -249,7 +249,7 @@ class Trainer:
             rolled = filter_groups.fill(lambda k: self._sample(step, k), fg, wanted, pad)
         else:
             self.sampler.next_batch()  # keep the checkpointed position in step with training
-            rolled = from_rank0(self.ranks, step, take_batch, producer)
+            rolled = self.ranks.broadcast(take_batch(producer) if self.ranks.main else None)
         batch, timing = rolled.batch, dict(rolled.timing)
         if batch is None:  # every episode failed in its environment
             return skipped_step(step, rolled, producer)
@@ -314,9 +314,9 @@ class Trainer:
         if everyone:  # every rank plays its share of rank 0's tasks; rank 0 collates
             tasks = self.ranks.broadcast([self.tasks[i] for i in indices] if main else None)
             got = self.rollouts.produce(step, tasks, self.generator, self.step, k)
-            return self.ranks.broadcast(got)
-        # rank 0 samples alone; its failure ends every rank (rank_failure.py)
-        return from_rank0(self.ranks, step, self.produce, step, indices, self.generator, k)
+        else:  # rank 0 samples alone
+            got = self.produce(step, indices, self.generator, k) if main else None
+        return self.ranks.broadcast(got)  # a failure on any rank ends every rank
 
     def produce(self, step: int, indices: list[int], generator: Any = None, k: int = 0) -> Rolled:
         """Rollout and reward for the tasks at ``indices`` (trainer/rollout_stage.py)."""
