@@ -1,7 +1,8 @@
 """``configs/all_systems.yaml`` (router with a budget, a fixed policy on a schedule, multi-turn
 environments, rollback with negatives) trains 2 steps in one process and on 2 gloo ranks under
-torchrun, with the same step-1 losses and router / mixture metrics. Before, FSDP2 refused
-``router.enable`` and ``rollout_only.model_path`` at startup."""
+torchrun as it runs by default: every rank samples its share of the step's groups, the fixed
+policy's among them (``rollout_ranks=auto``). With greedy decoding (top-k 1, for the actor and
+the fixed policy) the step-1 losses and router / mixture metrics match one process's."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ SYSTEMS = {
     "rollback": ["rollout/rollbacks", "rollout/negative_samples", "rollout/groups_with_negatives"],
     "update": ["actor/pg_loss", "actor/loss", "actor/kl_loss"],
 }
-# Step 1 sees the same batch (rank 0 samples it, seeded) and the same weights: these match.
+# Step 1 sees the same batch (greedy, whichever rank samples a group) and the same weights.
 EQUAL = [
     "actor/loss",
     "actor/pg_loss",
@@ -73,9 +74,10 @@ def _overrides(model, out: Path, ranks: int) -> list[str]:
         "trainer.logger=[jsonl]",
         f"trainer.output_dir={out}",
         f"trainer.distributed.strategy={'fsdp2' if ranks > 1 else 'none'}",
-        # Rank 0 samples the whole step, so the sampled batch (and the losses) match one
-        # process; every rank sampling its share is tested greedily in test_rollout_share.py.
-        "trainer.distributed.rollout_ranks=main",
+        # Greedy: each rank samples its share from a stream of its own, so only decoding that
+        # draws nothing gives the one-process batch.
+        "actor_rollout_ref.rollout.top_k=1",
+        "rollout_only.top_k=1",
     ]
 
 
@@ -101,6 +103,11 @@ def test_all_systems_one_process_and_two_ranks_agree(tiny_model_dir, tmp_path):
             for system, keys in SYSTEMS.items():
                 for k in keys:
                     assert k in rec and math.isfinite(rec[k]), (system, k, rec["step"])
+    # every rank sampled at every step: at step 1 the fixed policy drew both groups (one each);
+    # at step 2 each policy drew one, and the deal runs on from one part of the mixture to the
+    # next, so one rank played the actor's group and the other the fixed policy's
+    assert [r["rollout/sampling_ranks"] for r in two] == [2.0, 2.0]
+    assert [r["rollout/using_fixed"] for r in two] == [1.0, 0.5]
     # the routes rank 0 drew and the fixed rows' importance weights, whichever were logged
     drawn = [k for k in one[0] if k.startswith(("router/route_frac/", "actor/importance_"))]
     for k in EQUAL + drawn:
@@ -135,6 +142,9 @@ def _negatives_cfg(model, data, out: Path, ranks: int) -> TrainConfig:
         "rollout_allocation_schedule.seed=2",
         "trainer.total_training_steps=1",
         "router.lambda_init=0.5",  # the LM's advantages carry λ·cost from the first step
+        # The scripted generator plays its script in call order, so rank 0 samples the whole
+        # step here (the path of rollout_ranks=main, and of async training).
+        "trainer.distributed.rollout_ranks=main",
     ]
     return load_config(TrainConfig, str(CONFIG), ov)
 

@@ -33,6 +33,17 @@ def test_whole_groups_round_robin_and_back_in_task_order():
     assert interleave([[], [], []], 0, 2) == []
 
 
+def test_the_deal_runs_on_from_one_part_to_the_next():
+    """A mixture's parts (the actor's tasks, then a fixed policy's) are dealt as one sequence,
+    so with one group each the two ranks play one each; the next step starts at rank 0."""
+    share = [RolloutShare(Ranks(rank=r, world=2)) for r in range(2)]
+    for s in share:
+        s._first = 1  # as after a first part of one task
+    assert [s.mine(["b"]) for s in share] == [[], ["b"]]
+    assert [s.mine(list("bcd")) for s in share] == [["c"], ["b", "d"]]
+    assert interleave([["c0"], ["b0", "d0"]], 3, 1, first=1) == ["b0", "c0", "d0"]
+
+
 def test_rank_share_counts_are_checked():
     with pytest.raises(ValueError, match="sampled 3 rows, expected 4"):
         RolloutShare(Ranks(rank=0, world=1)).gather(["x"] * 3, 2, 2)
