@@ -30,6 +30,7 @@ from typing import Any
 from toolgrpo.config.schema import TrainConfig
 from toolgrpo.data.task import Task
 from toolgrpo.distributed.chunks import CallSeeds, split_even, weights_to_send
+from toolgrpo.distributed.frontends import PoolEpisodeRunner, PoolGenerator
 from toolgrpo.distributed.worker import ChunkResult, RolloutWorker, WorkerInfo
 from toolgrpo.rollout.episode import Episode
 from toolgrpo.rollout.generator import Completion, SamplingParams
@@ -137,16 +138,12 @@ class RolloutPool:
             self.start_s,
             self.init_s,
         )
-        from toolgrpo.distributed.frontends import PoolGenerator
-
         self.generator = PoolGenerator(self)
         # One generator per fixed policy of the mixture, sampling on the workers.
         self.fixed_generators = {label: PoolGenerator(self, label) for label in fixed}
 
     # ---- the trainer's interface ----------------------------------------------------------
     def episode_runner(self, tokenizer: Any, router: Any) -> Any:
-        from toolgrpo.distributed.frontends import PoolEpisodeRunner
-
         return PoolEpisodeRunner(self, tokenizer, router)
 
     def sync_weights(self, model: Any, version: int) -> None:
