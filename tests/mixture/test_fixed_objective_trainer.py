@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import zlib
+from pathlib import Path
 
 import pytest
 import torch
@@ -152,3 +153,42 @@ def test_bad_fixed_row_settings_are_config_errors(mix_config, tmp_path, extra, m
 def test_the_new_keys_need_a_fixed_policy(make_train_config, tmp_path):
     with pytest.raises(ConfigError, match="model_path is empty"):
         Trainer(make_train_config(out=tmp_path / "x", **{"rollout_only.guided_coef": 1.0}))
+
+
+def test_the_recipe_config_trains_its_environments_on_tiny_models(
+    tiny_model_dir, tiny_fixed_dir, tmp_path
+):
+    """configs/mixture_teacher.yaml as shipped, with only the models, sizes and outputs made
+    tiny: its options run together on its calculator, search and direct episodes."""
+    from toolgrpo.config.loader import load_config
+    from toolgrpo.config.schema import TrainConfig
+
+    recipe = Path(__file__).resolve().parents[2] / "configs" / "mixture_teacher.yaml"
+    out = tmp_path / "recipe"
+    tiny = {
+        "actor_rollout_ref.model.path": tiny_model_dir,
+        "actor_rollout_ref.model.dtype": "float32",
+        "rollout_only.model_path": tiny_fixed_dir,
+        "actor_rollout_ref.rollout.name": "hf",
+        "actor_rollout_ref.rollout.n": 2,
+        "actor_rollout_ref.rollout.multi_turn.max_tokens_per_turn": 8,
+        "actor_rollout_ref.actor.ppo_mini_batch_size": 2,
+        "data.train_batch_size": 2,
+        "data.max_response_length": 48,
+        "data.max_prompt_length": 4096,
+        "data.filter_overlong_prompts": "false",
+        "trainer.total_training_steps": 1,
+        "trainer.val_before_train": "false",
+        "trainer.test_freq": -1,
+        "trainer.save_freq": -1,
+        "trainer.save_hf_model": "false",
+        "trainer.logger": "[jsonl]",
+        "trainer.output_dir": out,
+        "trainer.rollout_data_dir": out / "dumps",
+    }
+    cfg = load_config(TrainConfig, str(recipe), [f"{k}={v}" for k, v in tiny.items()])
+    (rec,) = Trainer(cfg).fit()
+    assert rec["rollout/using_fixed"] == pytest.approx(1 / 3)  # 2 actor + 1 fixed a group
+    assert rec["mixture/mixed_group_frac"] == 1.0
+    assert 0.0 <= rec["mixture/fixed_grad_share"] <= 1.0
+    assert math.isfinite(rec["actor/kl_loss"]) and math.isfinite(rec["actor/grad_norm"])
