@@ -62,6 +62,8 @@ def cmd_env(a: argparse.Namespace) -> int:
     parts.append(f"compute dtype {str(dtype).removeprefix('torch.')}")
     Path(a.summary).write_text(", ".join(parts) + "\n")
     Path(a.summary).with_suffix(".dtype").write_text(str(dtype).removeprefix("torch."))
+    devices = torch.cuda.device_count() if a.device == "cuda" else 0  # the 2-rank check's
+    Path(a.summary).with_suffix(".devices").write_text(str(devices))
     return 0
 
 
@@ -128,9 +130,13 @@ def cmd_check_train(a: argparse.Namespace) -> int:
     moved = _max_weight_change(Path(a.init_model), ckpt / "model")
     if not moved > 0:
         return _fail(f"the checkpoint's weights equal the initial model's (max change {moved})")
-    missing = [k for k in a.require for r in rows if k not in r]
+    missing = [k for k in [*a.require, *a.expect] for r in rows if k not in r]
     if missing:
         return _fail(f"metrics missing at some step: {sorted(set(missing))}")
+    for key, want in a.expect.items():
+        got = [r[key] for r in rows]
+        if any(g != want for g in got):
+            return _fail(f"{key} is {got} over the steps, expected {want:g} at every step")
     last = rows[-1]
     parts = [
         f"loss={_fmt(last['actor/loss'])}",
@@ -138,7 +144,7 @@ def cmd_check_train(a: argparse.Namespace) -> int:
         f"grad_norm={_fmt(last.get('actor/grad_norm'))}",
     ]
     parts.append(f"max_weight_change={moved:.2g}")
-    parts += [f"{k}={_fmt(last[k])}" for k in a.require]
+    parts += [f"{k}={_fmt(last[k])}" for k in [*a.require, *a.expect]]
     if report["backend"]:
         parts.append(f"backend={report['backend']}")
     if a.device == "cuda":
@@ -210,6 +216,12 @@ def main() -> int:
         type=lambda x: [k for k in x.split(",") if k],
         default=[],
         help="comma-separated metric keys every step must log",
+    )
+    s.add_argument(
+        "--expect",
+        type=lambda x: {k: float(v) for k, v in (kv.split("=", 1) for kv in x.split(",") if kv)},
+        default={},
+        help="comma-separated key=value: the value every step must log for the key",
     )
     s.set_defaults(func=cmd_check_train)
     s = sub.add_parser("rollout-keys")

@@ -2,16 +2,17 @@
 # GPU smoke check: on a CUDA machine with PyTorch and transformers, a tiny random model (built
 # here, no hub) trains 2 GRPO steps with trainer.device=cuda (HF rollout, bf16), then 2 steps
 # under FSDP2 with NCCL on one rank, then configs/all_systems.yaml (the four systems) 2 steps under
-# FSDP2, then `toolgrpo eval` scores the FSDP2 run's checkpoint. One line per check; the first
-# failure prints the end of its log and exits 1.
+# FSDP2 on one rank and, where the machine has 2 GPUs, on 2 ranks that each sample their share
+# (the default), then `toolgrpo eval` scores the FSDP2 run's checkpoint. One line per check; the
+# first failure prints the end of its log and exits 1.
 #
 #   bash scripts/gpu_smoke.sh [--device cuda|cpu] [--python PY] [--out DIR]
 #
 # --device cpu is the dry mode CI runs (tests/test_gpu_smoke.py), so the script cannot rot: the
-# same checks on the CPU, dtype `auto`, gloo for FSDP2. toolgrpo runs from src/ (PYTHONPATH), not
-# installed: its torch pin need not match the machine's torch. The few small dependencies such a
-# machine lacks travel as wheels and go on PYTHONPATH beforehand (docs/scale_out.md, "GPU smoke
-# check").
+# same checks on the CPU, dtype `auto`, gloo for FSDP2 (2 ranks there too, as 2 processes).
+# toolgrpo runs from src/ (PYTHONPATH), not installed: its torch pin need not match the machine's
+# torch. The few small dependencies such a machine lacks travel as wheels and go on PYTHONPATH
+# beforehand (docs/scale_out.md, "GPU smoke check").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -23,7 +24,7 @@ while [ $# -gt 0 ]; do
     --device) DEVICE=$2; shift 2 ;;
     --python) PY=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
-    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
     *) echo "gpu_smoke.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -32,7 +33,8 @@ OUT=${OUT:-$(mktemp -d "${TMPDIR:-/tmp}/gpu_smoke.XXXXXX")}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 # A rerun into the same --out starts clean: a run directory holding another run is refused.
-rm -rf "$OUT/model" "$OUT/train" "$OUT/fsdp2" "$OUT/allsys" "$OUT/eval" "$OUT/cache" "$OUT"/*.report.json
+rm -rf "$OUT/model" "$OUT/train" "$OUT/fsdp2" "$OUT/allsys" "$OUT/allsys2" "$OUT/eval" "$OUT/cache" \
+  "$OUT"/*.report.json
 
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 # toolgrpo.cli's own defaults, set here because the helper imports torch before it.
@@ -126,16 +128,31 @@ ALLSYS=(
   actor_rollout_ref.actor.ppo_mini_batch_size=2 actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2
   actor_rollout_ref.actor.entropy_coeff=0.01 "$MT.max_tokens_per_turn=12"
   "$MT.max_tool_response_length=16" trainer.total_training_steps=2 trainer.save_freq=-1
-  "trainer.logger=[console,jsonl]" "trainer.output_dir=$OUT/allsys"
-  trainer.distributed.strategy=fsdp2
+  "trainer.logger=[console,jsonl]" trainer.distributed.strategy=fsdp2
 )
 label="all-systems-2-steps $DEVICE $DTYPE_LABEL $BACKEND 1 rank"
 check allsys "$label" "$PY" -m torch.distributed.run --standalone --nproc_per_node 1 \
   scripts/gpu_smoke.py cli --report "$OUT/allsys.report.json" -- \
-  train configs/all_systems.yaml "${ALLSYS[@]}"
+  train configs/all_systems.yaml "${ALLSYS[@]}" "trainer.output_dir=$OUT/allsys"
 verify allsys "$label" "${HELPER[@]}" check-train "$OUT/allsys" --report "$OUT/allsys.report.json" \
   --device "$DEVICE" --steps 2 --init-model "$OUT/model" --backend "$BACKEND" \
   --require router/lambda,rollout/using_fixed,rollout/negative_samples
+
+# The same on 2 ranks, as FSDP2 runs by default: every rank samples its share of each step's
+# groups (the fixed policy's among them) and rank 0 collates; both ranks must have sent samples
+# at every step. Needs 2 GPUs with --device cuda; on the CPU, 2 gloo processes.
+label="fsdp2-2-ranks $DEVICE $DTYPE_LABEL $BACKEND every rank sampling"
+DEVICES=$(cat "$OUT/env.devices")
+if [ "$DEVICE" = cuda ] && [ "$DEVICES" -lt 2 ]; then
+  line skip "fsdp2-2-ranks: $DEVICES CUDA device(s) here, 2 needed"
+else
+  check allsys2 "$label" "$PY" -m torch.distributed.run --standalone --nproc_per_node 2 \
+    scripts/gpu_smoke.py cli --report "$OUT/allsys2.report.json" -- \
+    train configs/all_systems.yaml "${ALLSYS[@]}" "trainer.output_dir=$OUT/allsys2"
+  verify allsys2 "$label" "${HELPER[@]}" check-train "$OUT/allsys2" \
+    --report "$OUT/allsys2.report.json" --device "$DEVICE" --steps 2 --init-model "$OUT/model" \
+    --backend "$BACKEND" --require rollout/using_fixed --expect rollout/sampling_ranks=2
+fi
 
 label="eval fsdp2 global_step_2 $DEVICE, 8 tasks"
 check eval "$label" "${HELPER[@]}" cli --report "$OUT/eval.report.json" -- \

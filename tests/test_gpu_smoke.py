@@ -1,5 +1,6 @@
 """scripts/gpu_smoke.sh in its CPU dry mode: the same checks a GPU machine runs (2 steps, 2 FSDP2
-steps on one gloo rank, eval), so the script is exercised on every CI run and cannot rot."""
+steps on one gloo rank, the four systems on one rank and on 2 ranks that each sample their share,
+eval), so the script is exercised on every CI run and cannot rot."""
 
 from __future__ import annotations
 
@@ -32,12 +33,14 @@ def test_dry_mode_passes_every_check(tmp_path):
         "info rollout-metrics cpu ",
         "ok   fsdp2-2-steps cpu ",
         "ok   all-systems-2-steps cpu ",
+        "ok   fsdp2-2-ranks cpu ",
         "ok   eval fsdp2 global_step_2 cpu",
     ]
     assert [x[: len(e)] for x, e in zip(lines, expected, strict=True)] == expected, r.stdout
     assert "backend=gloo" in lines[3] and "max_weight_change=" in lines[1]
     assert "router/lambda=" in lines[4] and "rollout/negative_samples=" in lines[4]
-    assert "num_tasks=8" in lines[5]
+    assert "rollout/sampling_ranks=2" in lines[5] and "backend=gloo" in lines[5]
+    assert "num_tasks=8" in lines[6]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the failure needs a machine without CUDA")
