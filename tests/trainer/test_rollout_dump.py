@@ -60,6 +60,18 @@ def test_episode_rows_carry_tools_reward_route_and_negatives():
     assert negative["errors"] == ["Error: x"] and negative["spans"][-1]["text"] == "e"
 
 
+def test_fission_continuations_are_dumped_as_their_own_group():
+    ep = Episode("t1", "calculator", "g1", [0], [1, 2], [1, 1], [-0.1, -0.2])
+    ep.messages = [{"role": "user", "content": "1+1"}]
+    forks = [Episode("t1", "calculator", "f1", [0, 5], [3], [1], [-0.3]) for _ in range(2)]
+    for f in forks:
+        f.fork_of, f.reward = "g1", 1.0
+    ep.forks = forks
+    rows = episode_records(ep, CharTok())
+    assert [(r["uid"], r["fork_of"]) for r in rows] == [("g1", None), ("f1", "g1"), ("f1", "g1")]
+    assert all(not r["negative"] for r in rows) and rows[1]["reward"] == 1.0
+
+
 def test_bound_keeps_whole_groups_first():
     rows = [{"uid": u, "i": i} for i, u in enumerate("aabbcc")]
     assert [r["i"] for r in bound(rows, 4)] == [0, 1, 2, 3]

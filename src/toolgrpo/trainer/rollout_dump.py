@@ -52,7 +52,8 @@ def _tool_calls(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 def episode_records(
     ep: Episode, tokenizer: Any, policy: str = "actor", route: str | None = None
 ) -> list[dict[str, Any]]:
-    """An episode and its rolled-back negatives, as dump rows (the negatives flagged)."""
+    """An episode, its rolled-back negatives (flagged) and its fission continuations (each a row
+    of its own group, ``fork_of`` naming this episode's uid), as dump rows."""
     base = {"task_id": ep.task_id, "task_type": ep.task_type, "uid": ep.uid, "policy": policy}
     row = {
         **base,
@@ -69,8 +70,9 @@ def episode_records(
         "num_tool_calls": ep.tool_calls,
         "tool_errors": ep.tool_errors,
         "env_failure": ep.env_failure,
-        "repaired": ep.rollback.repaired,  # a tool failure was rolled back or forked
+        "repaired": ep.rollback.repaired,  # a tool failure was rolled back or relabelled
         "policy_version": ep.policy_version,
+        "fork_of": ep.fork_of,
     }
     rows = [row]
     for neg in ep.negatives:
@@ -90,6 +92,8 @@ def episode_records(
                 "tool_position": neg.tool_position,
             }
         )
+    for fork in ep.forks:  # fission: continuations from the failed call, their own GRPO group
+        rows.extend(episode_records(fork, tokenizer, policy, route))
     return rows
 
 
