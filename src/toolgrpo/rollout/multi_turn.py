@@ -72,7 +72,7 @@ async def play_task(
     if condition is not None:
         start = condition(start)
     messages, tools = with_tools(tokenizer, start.messages, start.tools, limits.tool_format)
-    prompt_text, prompt_ids = encode_prompt(tokenizer, messages, tools)
+    prompt_text, prompt_ids = encode_prompt(tokenizer, messages, tools, limits.tool_format)
     ep = Episode(task.task_id, task.task_type, uid, prompt_ids, messages=messages)
     ep.policy_version = policy_version
     note_slot_wait(ep, take_slot, clock)

@@ -57,6 +57,9 @@ class ToolFormat:
     # One call in this format, on one line: what a parse error tells the model to write
     # (``tools.executor.expecting``); hermes's is the executor's long-standing text.
     example: str = EXPECTED_FORMAT
+    # The role the family's templates give a tool result (Llama 3.1: ``ipython``); a template
+    # that cannot render it gets ``tool``, or the results in a user turn (``rollout.render``).
+    result_role: str = "tool"
 
     def turn_calls(self, text: str, cut: bool) -> list[ToolCall]:
         """The calls a turn makes; a cut turn runs the calls it completed before the cap."""
@@ -176,7 +179,11 @@ _EXAMPLE_MISTRAL = '[TOOL_CALLS] [{"name": "<tool name>", "arguments": {<JSON ob
 BUILT_IN: dict[str, ToolFormat] = {
     "hermes": ToolFormat("hermes", parse_hermes, _HOW_TO_CALL_HERMES, _hermes_closed),
     "llama3_json": ToolFormat(
-        "llama3_json", parse_llama3_json, _HOW_TO_CALL_LLAMA3, example=_EXAMPLE_LLAMA3
+        "llama3_json",
+        parse_llama3_json,
+        _HOW_TO_CALL_LLAMA3,
+        example=_EXAMPLE_LLAMA3,
+        result_role="ipython",
     ),
     "mistral": ToolFormat("mistral", parse_mistral, _HOW_TO_CALL_MISTRAL, example=_EXAMPLE_MISTRAL),
 }

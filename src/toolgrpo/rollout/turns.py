@@ -84,7 +84,9 @@ def append_delta(
     which ``spent`` tokens went before this episode's response: a fission fork's parent's).
     ``final``: the episode ends with ``new``, so no generation prompt follows them (the row,
     the reward's transcript text and the rollout dump end where the conversation does)."""
-    delta, delta_ids, exact = encode_delta(tokenizer, stream_text, messages, new, tools, not final)
+    delta, delta_ids, exact = encode_delta(
+        tokenizer, stream_text, messages, new, tools, not final, limits.tool_format
+    )
     if spent + len(ep.response_ids) + len(delta_ids) >= limits.max_response_length:
         return None
     ep.prefix_mismatches += int(not exact)
