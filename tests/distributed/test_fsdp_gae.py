@@ -15,7 +15,7 @@ from tests.distributed import run_world, varied_score
 from toolgrpo.config.loader import load_config
 from toolgrpo.config.schema import TrainConfig
 
-# Step 1 sees the same batch (rank 0 samples it, seeded) and the same weights: these match.
+# Step 1 sees the same batch (greedy, whichever rank samples a group) and the same weights.
 EQUAL = [
     "actor/loss",
     "actor/pg_loss",
@@ -35,8 +35,9 @@ def _cfg(model, data, out: Path, steps: int, world: int) -> TrainConfig:
         "trainer.save_freq": 1,
         "trainer.device": "cpu",
         "trainer.distributed.strategy": "fsdp2" if world > 1 else "none",
-        # rank 0 samples the whole step, as one process does: the batches are then equal
-        "trainer.distributed.rollout_ranks": "main",
+        # Every rank samples its share (the default), each from a stream of its own: greedy
+        # decoding (top-k 1) gives the one-process batch.
+        "actor_rollout_ref.rollout.top_k": 1,
     }
     return load_config(TrainConfig, None, train_overrides(model, data, out, steps, **extra))
 

@@ -49,12 +49,12 @@ def _rank(rank: int, world: int, port: int, args: tuple, out: str) -> None:
 
     dist.init_process_group("gloo")
     try:
-        mode = args[1]
-        m = _model_cfg(*args)
-        ranks = Ranks(rank, world, True, torch.device("cpu"))
+        mode, every_rank_samples = args[1], args[3]
+        m = _model_cfg(*args[:3])
+        ranks = Ranks(rank, world, True, torch.device("cpu"), every_rank_samples)
         torch.manual_seed(0)  # a fresh adapter's init, as in the full load
         policy = start_policy(m, ranks, trainable=mode != "adapter_bf16")
-        given = actor_policy(policy, ranks)  # rank 0: a meta copy of its whole rollout copy
+        given = actor_policy(policy, ranks)  # a sampling rank: a meta copy of its rollout copy
 
         def meta(model) -> bool:
             return all(p.is_meta for n, p in model.named_parameters() if checkpoint_key(n))
@@ -122,19 +122,25 @@ def split_dir(tiny_model_dir, tmp_path_factory) -> Path:
     return d
 
 
-@pytest.mark.parametrize("mode", MODES)
-def test_sharded_start_equals_full_load(tiny_model_dir, adapter_dir, split_dir, tmp_path, mode):
+@pytest.mark.parametrize(
+    ("mode", "sampling"), [*((m, "main") for m in MODES), ("full", "all"), ("lora", "all")]
+)
+def test_sharded_start_equals_full_load(
+    tiny_model_dir, adapter_dir, split_dir, tmp_path, mode, sampling
+):
     """2 gloo ranks: the shards filled from the files, gathered, are bitwise the parameters and
     buffers (rotary frequencies) of the plain full load, for full fine-tuning with tied
     embeddings, a fresh LoRA, a bf16 base under a shipped adapter, and weights split over
-    files by an index. Rank 1 starts with no
-    weights at all, rank 0 keeps its whole rollout copy but gives the actor an empty one, and
-    the two ranks' reads add up to the files, each byte read once."""
+    files by an index. A rank that samples (every rank by default, rank 0 alone with
+    ``rollout_ranks=main``) keeps its whole rollout copy but gives the actor an empty one; a
+    rank that does not starts with no weights at all. The two ranks' reads add up to the files,
+    each byte read once."""
     from toolgrpo.models.loading import load_policy
 
-    args = (split_dir if mode == "split_files" else tiny_model_dir, mode, adapter_dir)
+    every = sampling == "all"
+    args = (split_dir if mode == "split_files" else tiny_model_dir, mode, adapter_dir, every)
     torch.manual_seed(0)
-    want = load_policy(_model_cfg(*args), trainable=mode != "adapter_bf16").model
+    want = load_policy(_model_cfg(*args[:3]), trainable=mode != "adapter_bf16").model
     out = str(tmp_path / "rank")
     mp.spawn(_rank, args=(2, free_port(), args, out), nprocs=2, join=True)
     got = [torch.load(f"{out}.{r}", weights_only=False) for r in range(2)]
@@ -148,7 +154,7 @@ def test_sharded_start_equals_full_load(tiny_model_dir, adapter_dir, split_dir, 
         assert set(g["buffers"]) == set(buffers)
         for n, b in buffers.items():
             assert torch.equal(g["buffers"][n], b), n
-    assert [g["started_empty"] for g in got] == [False, True]
+    assert [g["started_empty"] for g in got] == [False, not every]
     assert [g["actor_given_empty"] for g in got] == [True, True]
     total = got[0]["file_bytes"]
     assert got[0]["bytes_read"] + got[1]["bytes_read"] == total
