@@ -22,7 +22,7 @@ from tests.conftest import read_metrics, train_overrides
 from tests.distributed import free_port
 
 FAIL_AT = 2  # the step whose work raises
-DEADLINE_S = 300.0  # the whole world, start-up included (~20 s on 2 busy CPU cores)
+DEADLINE_S = 300.0  # the whole world, start-up included (about a minute on 2 busy CPU cores)
 PROMPT_S = 30.0  # from the failure to every rank's exit
 MT = "actor_rollout_ref.rollout.multi_turn."
 MULTI_TURN = {  # calculator episodes; the tiny model's turns end them, each with a reset
