@@ -87,3 +87,38 @@ def test_advantage_level_lagrangian_matches_the_formula():
     assert rew[2:4].tolist() == pytest.approx([-1 / math.sqrt(2), 1 / math.sqrt(2)], rel=1e-4)
     with pytest.raises(ValueError, match="lagrangian mode"):
         lagrangian_advantages(task, cost, 0.5, uids, "bogus")
+
+
+def test_the_running_spread_is_bias_corrected_and_decay_0_is_the_batch_spread():
+    """price's scale s: sqrt of an exponential average of within-group variances, divided by
+    1 − decay^steps so the zero start weighs nothing; 1 before any spread was seen."""
+    from toolgrpo.algos.router import (
+        reward_spread,
+        running_variance,
+        spread_value,
+        within_group_variance,
+    )
+
+    task = torch.tensor([0.0, 1.0, 0.0, 0.0])
+    uids = ["a", "a", "b", "b"]
+    var = within_group_variance(task, uids)
+    assert var == pytest.approx(float(torch.tensor([-0.5, 0.5, 0.0, 0.0]).var()))
+    assert reward_spread(task, uids) == pytest.approx(math.sqrt(var))
+    assert within_group_variance(task, uids, [False, True, False, False]) == 0.0  # lone member
+    m, n = running_variance(0.0, 0, var, 0.9)
+    assert spread_value(m, n, 0.9) == pytest.approx(math.sqrt(var))  # one step: its own spread
+    m, n = running_variance(m, n, 0.0, 0.9)  # then a step where every group ties
+    assert spread_value(m, n, 0.9) == pytest.approx(math.sqrt(0.09 * var / (1 - 0.81)))
+    assert spread_value(*running_variance(0.0, 0, 0.0, 0.0), 0.0) == 1.0  # nothing to scale by
+    assert spread_value(0.0, 0, 0.9) == 1.0
+
+
+def test_price_advantages_take_a_given_scale_and_leave_flagged_rows_out():
+    from toolgrpo.algos.router import price_advantages
+
+    task = torch.tensor([1.0, 0.0, 5.0, 0.0, 0.0])
+    cost = torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0])
+    skip = [False, False, True, False, False]
+    adv = price_advantages(task, cost, 0.5, ["a", "a", "a", "b", "b"], skip, 2.0)
+    # a without its flagged row: r − λc = (0.5, 0), centred ±0.25; b: tied r, −λ(c − c̄) = ∓0.25
+    assert adv.tolist() == pytest.approx([0.125, -0.125, 0.0, -0.125, 0.125])

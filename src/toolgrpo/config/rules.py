@@ -238,6 +238,7 @@ TRAIN_RULES: dict[str, Any] = {
     "critic.cliprange_value": POS,
     "critic.lr": POS,
     "reward.nan_policy": OneOf(("error", "zero")),
+    "reward.tool_call_cost": NONNEG,
     "trainer.total_training_steps": POS,
     "trainer.total_epochs": POS,
     "trainer.save_freq": Num(-1),  # -1 (or 0) = only at the end

@@ -249,6 +249,11 @@ class RewardConfig:
     nan_policy: str = (
         "error"  # "error" stops with the offending sample; "zero" scores it 0 and counts it
     )
+    # A price per tool call in the reward the LM trains on: each rollout scores r − this × its
+    # calls (every <tool_call> block it wrote); logged rewards stay r. With no router head this
+    # is OTC's setting (arXiv 2504.14870): the LM learns alone when a call is worth its price.
+    # 0 = off; refused with router.enable (λ prices calls there) and dynamic sampling.
+    tool_call_cost: float = 0.0
 
 
 @dataclass

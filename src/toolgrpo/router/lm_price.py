@@ -2,11 +2,21 @@
 
 Built where the routes were sampled (``RouterRuntime.bind_rows``) and carried with the step's
 batch, so whoever computes advantages needs no router: under FSDP2 only rank 0 holds the router,
-and every rank prices the same rows with the same λ.
+and every rank prices the same rows with the same λ. ``call_price`` builds the same object for a
+run with no router and a fixed price per tool call (``reward.tool_call_cost``).
+
+**The LM's price per group.** Under ``lagrangian=price`` with GRPO's std normalisation the LM's
+advantage is (r − r̄)/σ_g − λ·(c − c̄)/s: its task term is on its group's scale σ_g, its cost
+term on the router's scale s. In reward units a call then costs the LM λ·σ_g/s in a group, λ
+only where σ_g = s: groups whose rewards spread widely price calls above λ, near-ties below it,
+and a tied group (no task term) still pays λ·(c − c̄)/s. Putting the cost on σ_g instead would
+make a near-tie's cost term unbounded, as GRPO makes its task term unit-size. Under Dr.GRPO
+(``algorithm.adv_estimator=dr_grpo``: r − r̄, s = 1) the LM's price is exactly λ in every group.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,3 +67,14 @@ class LmPrice:
         if batch.returns_BR is not None:
             batch.returns_BR = batch.returns_BR - shift_BR
         return {"router/lm_cost_adv_abs": float(z_B.abs().mean()) * self.lam}
+
+
+def call_price(calls: Sequence[int | None], price: float, norm_by_std: bool) -> LmPrice:
+    """``reward.tool_call_cost``: r − price·calls in the LM's reward, one row per entry of
+    ``calls`` (None: a rolled-back negative, which keeps its fixed score). No head and no dual
+    step: the LM alone learns when a call is worth its price (OTC, arXiv 2504.14870, puts the
+    cost of calls in the reward the same way)."""
+    cost_B = torch.tensor(
+        [float(c) if c is not None else float("nan") for c in calls], dtype=torch.float32
+    )
+    return LmPrice(cost_B, float(price), 1.0, "lagrangian", "reward", norm_by_std)

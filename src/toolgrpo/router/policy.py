@@ -18,6 +18,7 @@ from toolgrpo.algos.router import router_loss
 from toolgrpo.data.task import Task
 from toolgrpo.rollout.prompts import render_prompt
 from toolgrpo.router.head import HeadAverage, RouterHead, RouterOutput, prompt_features
+from toolgrpo.router.spec import RouterMismatch
 
 
 class RouterPolicy:
@@ -192,19 +193,20 @@ class RouterPolicy:
             "routes",
             "hidden_size",
             "head_hidden",
+            "pooling",
             "feature_layer",
             "inputs",
             "feature_norm",
         ):
             if key in meta and meta[key] != mine[key]:
                 fix = f"; set router.{key}={meta[key]}" if key != "hidden_size" else ""
-                raise ValueError(
+                raise RouterMismatch(
                     f"the checkpoint's router head has {key}={meta[key]!r}, this run "
                     f"{mine[key]!r}{fix}"
                 )
         fmt = meta.get("tool_format", "hermes")  # heads before it read hermes openings
         if fmt != self.tool_format:
-            raise ValueError(
+            raise RouterMismatch(
                 f"the checkpoint's router head read tool_format={fmt!r} openings, this run "
                 f"{self.tool_format!r} (actor_rollout_ref.rollout.multi_turn.format)"
             )

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from toolgrpo.algos.router import lagrangian_advantages, reward_spread, router_rewards
+from toolgrpo.algos.router import router_rewards
 from toolgrpo.data.task import Task
 from toolgrpo.envs.base import EnvStart
 from toolgrpo.envs.registry import EnvRouter
@@ -31,7 +31,7 @@ from toolgrpo.router.policy import RouterPolicy
 from toolgrpo.router.prompts import condition_messages, condition_start
 from toolgrpo.router.routes import ANSWER, CALCULATE, SEARCH
 from toolgrpo.router.spec import SPEC_KEY, check_spec, prompt_spec
-from toolgrpo.router.usage import CostModel, ToolUsage, usage_of_episode, usage_of_text
+from toolgrpo.router.usage import CostModel, ToolUsage, usage_of_rollout
 from toolgrpo.tools.types import ToolCall
 
 Condition = Callable[[EnvStart], EnvStart]
@@ -77,6 +77,9 @@ class RoutePlan:
     actions_B: torch.Tensor  # [T * n] route indices
     routes: list[str]  # [T * n] route names
     conditions: list[Condition] = field(default_factory=list)
+    # The head and λ learn from these rollouts: False for a fixed policy's (the mixture), whose
+    # outcomes are another LM's; they are routed and priced for the LM all the same.
+    learn: bool = True
 
 
 @dataclass
@@ -107,9 +110,7 @@ class RouterRuntime:
         label_tools = self.labels.tools if self.labels else None
         self.families = build_families(tasks, envs, rc.families_file, label_tools)
         self.cost = CostModel.from_config(rc.cost)
-        self.budget = Budget(
-            rc.budget, rc.lambda_init, rc.dual_lr, rc.update_every, dual_kp=rc.dual_kp
-        )
+        self.budget = Budget.from_config(rc)
         self.policy = RouterPolicy(
             lm,
             rc.routes,
@@ -141,13 +142,16 @@ class RouterRuntime:
         return bool(self.rc.freeze_lm)
 
     # ---- before generation ------------------------------------------------------------------
-    def plan(self, tasks: Sequence[Task], n: int) -> RoutePlan:
-        """Sample a route for each of the ``n`` rollouts of every task."""
+    def plan(self, tasks: Sequence[Task], n: int, learn: bool = True) -> RoutePlan:
+        """Sample a route for each of the ``n`` rollouts of every task. ``learn=False``: another
+        policy than the actor plays them (a fixed policy of the mixture), so the head, λ and the
+        price scale leave them out (a sequence IS weight over a whole episode would be their
+        only correction); the LM still trains on them at the step's price."""
         feats = self.policy.features_of(tasks)
         self.policy.observe(feats)  # one row per task: the statistics of the prompts routed
         out = self.policy.act(feats.repeat_interleave(n, dim=0), sample=True)
         routes = [self.routes[int(a)] for a in out.router_action]
-        plan = RoutePlan(list(tasks), n, feats, out.router_action, routes)
+        plan = RoutePlan(list(tasks), n, feats, out.router_action, routes, learn=learn)
         plan.conditions = [self._condition(r) for r in routes]
         self._plans.append(plan)
         return plan
@@ -191,22 +195,28 @@ class RouterRuntime:
         cost_B = torch.tensor(costs, dtype=torch.float32)
         reward_B = router_rewards(task_B, cost_B, lam)
         tasks = [t for p in plans for t in p.tasks for _ in range(p.n)]
-        adv_B = lagrangian_advantages(
-            task_B, cost_B, lam, uids, self.rc.lagrangian, self.rc.norm_adv_by_std
+        skip = [not p.learn for p in plans for _ in range(len(p.routes))]
+        rc = self.rc
+        adv_B = self.budget.advantages(
+            task_B, cost_B, uids, rc.lagrangian, rc.norm_adv_by_std, skip
         )
+        keep = torch.tensor([not x for x in skip], dtype=torch.bool)
         self._step = _Step(
-            features_BH=torch.cat([p.features_TH.repeat_interleave(p.n, 0) for p in plans]),
-            actions_B=torch.cat([p.actions_B for p in plans]),
-            advantages_B=adv_B,
-            labels_B=torch.tensor([self._label(t) for t in tasks], dtype=torch.long),
+            features_BH=torch.cat([p.features_TH.repeat_interleave(p.n, 0) for p in plans])[keep],
+            actions_B=torch.cat([p.actions_B for p in plans])[keep],
+            advantages_B=adv_B[keep],
+            labels_B=torch.tensor([self._label(t) for t in tasks], dtype=torch.long)[keep],
         )
         self._costs, self._lam = costs, lam
-        self._spread = reward_spread(task_B, uids)  # lagrangian=price: the LM's cost scale
-        self.budget.observe(costs)
+        self._spread = self.budget.scale  # lagrangian=price: the LM's cost scale, the head's s
+        self.budget.observe([c for c, x in zip(costs, skip, strict=True) if not x])
         routes = [r for p in plans for r in p.routes]
-        return observe_metrics(
+        metrics = observe_metrics(
             routes, types, usages, task_B, cost_B, reward_B, lam, self.budget.budget
         )
+        metrics["router/price_scale"] = self._spread
+        metrics["router/learned_frac"] = float(keep.float().mean()) if len(skip) else 0.0
+        return metrics
 
     # ---- the LM's reward (router.lm_reward) --------------------------------------------------
     def bind_rows(self, rows: Sequence[int | None]) -> LmPrice:
@@ -221,11 +231,7 @@ class RouterRuntime:
         )
 
     def _usage(self, item: Any) -> ToolUsage:
-        if isinstance(item, Episode):
-            return usage_of_episode(item, self.families)
-        comp = item[0]
-        text = self.tokenizer.decode(comp.token_ids, skip_special_tokens=False)
-        return usage_of_text(text, self.families)
+        return usage_of_rollout(item, self.families, self.tokenizer)
 
     def _label(self, task: Task) -> int:
         label = self.labels.examples.get(task.task_id) if self.labels else None
@@ -237,12 +243,20 @@ class RouterRuntime:
             return {}
         s, self._step = self._step, None
         rc = self.rc
-        metrics = self.policy.update(
-            s.features_BH, s.actions_B, s.advantages_B, rc.entropy_coeff, s.labels_B, rc.label_coeff
-        )
+        if s.actions_B.numel():
+            metrics = self.policy.update(
+                s.features_BH,
+                s.actions_B,
+                s.advantages_B,
+                rc.entropy_coeff,
+                s.labels_B,
+                rc.label_coeff,
+            )
+            metrics["router/labelled_frac"] = float((s.labels_B >= 0).float().mean())
+        else:  # every rollout was a fixed policy's: the head has nothing of its own to learn
+            metrics = {"router/pg_loss": 0.0, "router/loss": 0.0, "router/labelled_frac": 0.0}
         metrics["router/dual_step"] = float(self.budget.step())
         metrics["router/lambda_next"] = self.budget.lam
-        metrics["router/labelled_frac"] = float((s.labels_B >= 0).float().mean())
         return metrics
 
     # ---- checkpoints ------------------------------------------------------------------------

@@ -17,7 +17,8 @@ SPEC_KEY = "prompts"
 
 
 class RouterMismatch(UserError):
-    """A checkpoint's router was trained with other route prompts than this run builds."""
+    """A checkpoint's router was trained with other route prompts, or another head (routes,
+    pooling, inputs...), than this run builds: refused in one line."""
 
 
 def prompt_spec(families: FamilyMap, family_tools_only: bool, cost: CostModel) -> dict[str, Any]:

@@ -97,6 +97,15 @@ def usage_of_episode(episode: Any, families: FamilyMap) -> ToolUsage:
     return usage_of_messages(episode.messages, families, episode.task_type == "rlla")
 
 
+def usage_of_rollout(item: Any, families: FamilyMap, tokenizer: Any) -> ToolUsage:
+    """The calls of one rollout as a step holds it: an episode, or a single-turn
+    ``(completion, uid, task)`` whose tokens are decoded and read as the RLLA reward reads."""
+    if isinstance(item, tuple):
+        text = tokenizer.decode(item[0].token_ids, skip_special_tokens=False)
+        return usage_of_text(text, families)
+    return usage_of_episode(item, families)
+
+
 @dataclass(frozen=True)
 class CostModel:
     """``any``: 1 if any tool was called; ``family``: the weights of the families used;

@@ -28,7 +28,10 @@ from toolgrpo.rewards.types import RllaFlags
 from toolgrpo.rollout.episode import Episode
 from toolgrpo.rollout.generator import Completion, SamplingParams
 from toolgrpo.rollout.single_turn import rollout_tasks, solution_text
+from toolgrpo.router.families import FamilyMap
+from toolgrpo.router.lm_price import LmPrice, call_price
 from toolgrpo.router.runtime import routed_rollout
+from toolgrpo.router.usage import usage_of_rollout
 from toolgrpo.trainer.batch import Batch, collate, negative_parents
 from toolgrpo.trainer.episodes import NonFiniteReward, stand_in_rewards
 from toolgrpo.trainer.rollout_dump import RolloutDumper, completion_record
@@ -36,7 +39,6 @@ from toolgrpo.trainer.sample_metrics import Samples
 
 if TYPE_CHECKING:
     from toolgrpo.mixture import Mixture
-    from toolgrpo.router.lm_price import LmPrice
     from toolgrpo.router.runtime import RouterRuntime
     from toolgrpo.trainer.episodes import EpisodeRunner
 
@@ -141,7 +143,19 @@ class RolloutStage:
         if self.router is not None:
             metrics.update(self.router.observe(items, [s.total for s in scores]))
             price = self.router.bind_rows(list(range(len(items))))  # one batch row per rollout
+        elif self.reward_cfg.tool_call_cost > 0:
+            price = self._call_price(items, list(range(len(items))), metrics)
         return Rolled(batch, metrics, timing, float(sum(nonfinite)), price, samples)
+
+    def _call_price(
+        self, items: list[Any], rows: list[int | None], metrics: dict[str, float]
+    ) -> LmPrice:
+        """``reward.tool_call_cost``: the LM's reward less that price per call, per batch row
+        (``None``: a rolled-back negative, which keeps its fixed score)."""
+        calls = [usage_of_rollout(it, FamilyMap(), self.tokenizer).num_calls for it in items]
+        c = self.reward_cfg.tool_call_cost
+        metrics["reward/call_penalty_mean"] = c * sum(calls) / max(len(calls), 1)
+        return call_price([calls[i] if i is not None else None for i in rows], c, False)
 
     def _episode_batch(
         self, step: int, items: list[Episode], policies: list[str], timing: dict[str, float]
@@ -161,10 +175,13 @@ class RolloutStage:
         metrics = samples.metrics()
         metrics["train/skipped_update"] = float(batch is None)
         price = None
+        rows = list(keep) + [None] * (batch.size - len(kept)) if batch is not None else []
         if self.router is not None:  # failed episodes stand at their group's mean
             metrics.update(self.router.observe(items, stand_in_rewards(items)))
             if batch is not None:  # kept episodes' rows, then their negatives (no rollout)
-                price = self.router.bind_rows(list(keep) + [None] * (batch.size - len(kept)))
+                price = self.router.bind_rows(rows)
+        elif self.reward_cfg.tool_call_cost > 0 and batch is not None:
+            price = self._call_price(items, rows, metrics)
         if batch is not None:
             pols = [policies[i] for i in keep]
             batch.policies = pols + [pols[i] for i in negative_parents(kept)]
@@ -188,7 +205,9 @@ class RolloutStage:
             for p in parts:
                 p.activate()  # a shared vLLM engine gets this policy's weights back
                 # With the router, each rollout's route is sampled first and rewrites its prompt.
-                plan = self.router.plan(p.tasks, p.params.n) if self.router is not None else None
+                # A fixed policy's rollouts are routed, but the head and λ do not learn from them.
+                router, learn = self.router, p.policy == ACTOR
+                plan = router.plan(p.tasks, p.params.n, learn) if router is not None else None
                 conds = plan.conditions if plan is not None else None
                 got = self._play(step, version, p, conds)
                 if got is None:
