@@ -1,8 +1,9 @@
 """Can the router head learn where tools pay from an LM's real prompt features?
 
 A replay of the router's learning loop on frozen SmolLM2 features, with outcomes measured, not
-modelled: a routed eval (``benchmarks/router_discrimination.py``) played every held-out task under
-every route, so each (task, route) has a measured reward and tool cost. The head reads the
+modelled: a routed eval (a run of ``--work``: its ``eval_<run>.json`` and ``val.jsonl``, as the
+discrimination benchmark wrote them for its 136-task runs) played every held-out task under every
+route, so each (task, route) has a measured reward and tool cost. The head reads the
 checkpoint's own features of those tasks (its ``router.inputs`` and layer) and trains as in a run
 (``price`` advantages, n = 4 routes per task, 12 tasks a step, the PI dual step and entropy bonus
 of ``benchmarks/router_budget.py``; held-out routing by the averaged head, ``router.head_ema``),
@@ -40,19 +41,41 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import torch  # noqa: E402
-from router_discrimination import (  # noqa: E402
-    auroc_need,
-    expected,
-    find_per_task,
-    fixed_mix,
-    held_out,
-    route_shares,
-)
+from router_discrimination_lib import expected, fixed_mix, p_tool, route_shares  # noqa: E402
 
 from toolgrpo.config.router import RouterConfig  # noqa: E402
 
 WORK = ROOT / "outputs" / "router_discrimination"
 NORMS = ("standardize", "layer")
+
+
+def auroc_need(rows: list[dict[str, Any]], need: list[bool]) -> float | None:
+    from toolgrpo.router.metrics import auroc
+
+    return auroc([p_tool(r) for r in rows], need)
+
+
+def find_per_task(record: Any) -> list[dict[str, Any]]:
+    """The routed eval's ``per_task`` table, wherever the eval JSON nests its routing report."""
+    if isinstance(record, dict):
+        if isinstance(record.get("per_task"), list):
+            return record["per_task"]
+        for v in record.values():
+            got = find_per_task(v)
+            if got:
+                return got
+    return []
+
+
+def held_out(path: Path, per_type: int) -> list[Any]:
+    """The replayed run's held-out tasks: the first ``per_type`` test tasks of each of its types,
+    written to ``path`` (its val file) and loaded from it."""
+    from router_budget import write_val
+
+    from toolgrpo.data.loader import load_tasks
+
+    types = ("calculator", "search", "direct", "arith_mixed")
+    return load_tasks([str(write_val(path, per_type, types))], "error").tasks
 
 
 def features(checkpoint: Path, tasks: list[Any]) -> torch.Tensor:

@@ -1,37 +1,58 @@
-"""benchmarks/router_discrimination.py's analysis: the best task-blind route mix at the router's
-cost, the paired gain over it, route shares and the AUROC, on hand-made per-task tables."""
+"""benchmarks/router_discrimination.py: its analysis on hand-made per-task tables (the best
+task-blind mix, the type-mean router, outcome and type labels, pooling over seeds, the OTC
+policies mixed to the router's cost) and how it runs the shipped config."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
+import math
 import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from router_discrimination import (  # noqa: E402
-    discrimination,
+from router_discrimination_lib import (  # noqa: E402
     fixed_mix,
+    mix_at_cost,
+    otc_table,
+    outcome_labels,
     per_type_optimum,
-    previous,
+    pooled_diff,
     route_share_by_need,
     route_shares,
+    seed_summary,
+    two_way_se,
+    type_labels,
+    type_mean_rows,
 )
 
+ROUTES = ("ANSWER", "SEARCH", "CALCULATE")
 
-def _row(kind, p_answer, reward_answer, reward_tool):
+
+def _row(kind, p_answer, reward_answer, reward_tool, task_id=None):
     """A task with ANSWER and CALCULATE only; a tool call costs 1."""
     return {
-        "task_id": kind,
+        "task_id": task_id or kind,
         "task_type": kind,
         "probs": {"ANSWER": p_answer, "CALCULATE": 1 - p_answer},
         "reward": {"ANSWER": reward_answer, "CALCULATE": reward_tool},
         "cost": {"ANSWER": 0.0, "CALCULATE": 1.0},
+    }
+
+
+def _three(kind, rewards, probs=(1.0, 0.0, 0.0), task_id=None):
+    """A task with all three routes; a tool route's call costs 1."""
+    return {
+        "task_id": task_id or kind,
+        "task_type": kind,
+        "probs": dict(zip(ROUTES, probs, strict=True)),
+        "reward": dict(zip(ROUTES, rewards, strict=True)),
+        "cost": dict(zip(ROUTES, (0.0, 1.0, 1.0), strict=True)),
     }
 
 
@@ -40,48 +61,56 @@ def test_the_blind_mix_at_equal_cost_mixes_the_bracketing_routes():
     mix = fixed_mix(rows, 0.5)  # tools on half the tasks, blind to which
     assert mix["q"] == pytest.approx({"ANSWER": 0.5, "CALCULATE": 0.5})
     assert mix["cost"] == pytest.approx(0.5)
-    # math: 0.5·0 + 0.5·1; chat: 1 either way
-    assert mix["reward"] == pytest.approx(0.75)
+    assert mix["reward"] == pytest.approx(0.75)  # math: 0.5·0 + 0.5·1; chat: 1 either way
     assert mix["per_task"] == pytest.approx([0.5, 1.0])
-    # outside every route's cost: the nearest route alone
-    assert fixed_mix(rows, 2.0)["q"] == {"ANSWER": 0.0, "CALCULATE": 1.0}
+    assert fixed_mix(rows, 2.0)["q"] == {"ANSWER": 0.0, "CALCULATE": 1.0}  # the nearest route
 
 
 def test_a_router_that_sends_tools_where_they_pay_beats_the_blind_mix():
-    rows = [_row("math", 0.0, 0.0, 1.0), _row("chat", 1.0, 1.0, 1.0)] * 5
-    got = discrimination(rows, [True, False] * 5)
-    assert got["router"] == pytest.approx({"reward": 1.0, "cost": 0.5})
-    assert got["fixed_mix"]["gain"] == pytest.approx(0.25)
-    assert got["fixed_mix"]["se"] == pytest.approx(0.25 / 3)  # stdev 0.2635 / √10
-    assert got["auroc"] == 1.0
+    rows = [_row("math", 0.0, 0.0, 1.0, f"m{i}") for i in range(5)]
+    rows += [_row("chat", 1.0, 1.0, 1.0, f"c{i}") for i in range(5)]
+    got = seed_summary(rows, [True] * 5 + [False] * 5)
+    assert (got["reward"], got["cost"]) == pytest.approx((1.0, 0.5))
+    assert got["gain_vs_blind"] == pytest.approx(0.25)
+    assert got["gain_vs_blind_se"] == pytest.approx(0.25 / 3)  # stdev 0.2635 / √10
+    assert got["auroc_need"] == got["auroc_outcome"] == got["auroc_type"] == 1.0
     assert got["route_share"]["math"] == {"ANSWER": 0.0, "CALCULATE": 1.0}
     # a uniform router is the blind mix: no gain
-    flat = [_row("math", 0.5, 0.0, 1.0), _row("chat", 0.5, 1.0, 1.0)] * 5
-    got = discrimination(flat, [True, False] * 5)
-    assert got["fixed_mix"]["gain"] == pytest.approx(0.0, abs=1e-12)
-    assert got["auroc"] == 0.5
+    flat = [_row("math", 0.5, 0.0, 1.0, f"m{i}") for i in range(5)]
+    flat += [_row("chat", 0.5, 1.0, 1.0, f"c{i}") for i in range(5)]
+    got = seed_summary(flat)
+    assert got["gain_vs_blind"] == pytest.approx(0.0, abs=1e-12)
+    assert got["auroc_outcome"] == 0.5 and "auroc_need" not in got
 
 
-def test_route_shares_average_the_probabilities_per_type_and_overall():
-    shares = route_shares([_row("a", 0.2, 0, 0), _row("a", 0.4, 0, 0), _row("b", 1.0, 0, 0)])
-    assert shares["a"]["ANSWER"] == pytest.approx(0.3)
-    assert shares["all"]["ANSWER"] == pytest.approx(1.6 / 3)
+def test_the_type_mean_router_takes_what_the_type_says_and_no_more():
+    """Within one type, tools pay on half the tasks. A router that puts its tool route there
+    gains over the type-mean router at the same cost; one that routes by type only does not."""
+    rows = [_row("arith", 0.0, 0.0, 1.0, "need1"), _row("arith", 1.0, 1.0, 1.0, "free1")]
+    rows += [_row("arith", 0.0, 0.0, 1.0, "need2"), _row("arith", 1.0, 1.0, 1.0, "free2")]
+    typed = type_mean_rows(rows)
+    assert all(r["probs"] == {"ANSWER": 0.5, "CALCULATE": 0.5} for r in typed)
+    got = seed_summary(rows)
+    assert got["type_mean_cost"] == pytest.approx(got["cost"])  # same mix, same spend
+    assert got["gain_vs_type_mean"] == pytest.approx(0.25)  # need: +0.5, free: 0
+    assert got["auroc_outcome"] == 1.0
+    assert got["auroc_type"] is None  # one type: its label cannot rank tasks
+    assert got["auroc_outcome_type_mean"] == 0.5  # the type's mean P(tool) ties every task
+    by_type = seed_summary(typed)
+    assert by_type["gain_vs_type_mean"] == pytest.approx(0.0, abs=1e-12)
 
 
-def _three(kind, rewards, probs=(1.0, 0.0, 0.0)):
-    """A task with all three routes; a tool route's call costs 1."""
-    routes = ("ANSWER", "SEARCH", "CALCULATE")
-    return {
-        "task_id": kind,
-        "task_type": kind,
-        "probs": dict(zip(routes, probs, strict=True)),
-        "reward": dict(zip(routes, rewards, strict=True)),
-        "cost": dict(zip(routes, (0.0, 1.0, 1.0), strict=True)),
-    }
+def test_outcome_and_type_labels():
+    rows = [
+        _three("search", (0.0, 0.5, 0.0)),
+        _three("search", (0.3, 0.2, 0.1)),  # this one: ANSWER wins, although its type needs SEARCH
+        _three("chat", (0.4, 0.4, 0.3)),  # a tie needs no tool
+    ]
+    assert outcome_labels(rows) == [True, False, False]
+    assert type_labels(rows) == [True, True, False]  # search: 0.35 > 0.15
 
 
 def test_the_per_type_optimum_spends_on_the_largest_gain_per_call_first():
-    # gains per call: lookup +0.54, math +0.53, chat +0.21 (its SEARCH is dominated)
     rows = [
         _three("lookup", (0.0, 0.54, 0.0)),
         _three("math", (0.32, 0.29, 0.85)),
@@ -91,65 +120,116 @@ def test_the_per_type_optimum_spends_on_the_largest_gain_per_call_first():
     best = per_type_optimum(rows, 0.6)  # lookup (half the tasks) in full, then 0.1 of math
     assert best["cost"] == pytest.approx(0.6)
     assert best["reward"] == pytest.approx((0.54 * 2 + 0.32 + 0.38) / 4 + 0.1 * 0.53)
-    assert best["q"]["lookup"]["SEARCH"] == pytest.approx(1.0)
     assert best["q"]["math"] == pytest.approx({"ANSWER": 0.6, "SEARCH": 0.0, "CALCULATE": 0.4})
-    assert best["q"]["chat"]["ANSWER"] == 1.0
-    # more budget than every gain can use: the tools that pay, and no more
-    rich = per_type_optimum(rows, 1.0)
-    assert rich["cost"] == pytest.approx(1.0)
-    assert rich["reward"] == pytest.approx((0.54 * 2 + 0.85 + 0.59) / 4)
-    # no budget: everyone answers
     assert per_type_optimum(rows, 0.0)["reward"] == pytest.approx((0.32 + 0.38) / 4)
 
 
-def test_route_shares_split_by_need_over_all_and_within_a_mixed_type():
+def test_route_shares_overall_and_by_need():
+    shares = route_shares([_row("a", 0.2, 0, 0), _row("a", 0.4, 0, 0), _row("b", 1.0, 0, 0)])
+    assert shares["a"]["ANSWER"] == pytest.approx(0.3)
+    assert shares["all"]["ANSWER"] == pytest.approx(1.6 / 3)
     rows = [
         _three("arith", (0, 0, 1), (0.2, 0.0, 0.8)),
         _three("arith", (1, 0, 1), (0.6, 0.0, 0.4)),
         _three("chat", (1, 0, 1), (1.0, 0.0, 0.0)),
     ]
     got = route_share_by_need(rows, [True, False, False])
-    assert got["all"]["needs_tool"]["ANSWER"] == pytest.approx(0.2)
-    assert got["all"]["no_tool"]["ANSWER"] == pytest.approx(0.8)
     assert got["arith"]["no_tool"]["CALCULATE"] == pytest.approx(0.4)
     assert "chat" not in got  # one kind only: the overall split says it
 
 
-def test_one_run_keeps_the_other_runs_result_of_the_same_work_directory(tmp_path):
-    work = tmp_path / "work"
-    (tmp_path / "router_discrimination.json").write_text(
-        json.dumps({"work": str(Path("..") / "x"), "B=0.3": {"tasks": 1}, "held_out": {}})
-    )
-    args = argparse.Namespace(results=tmp_path, work=work, probe_only=False)
-    assert previous(args) == {}  # another work directory: nothing carried over
-    rel = os.path.relpath(work.resolve(), REPO)
-    (tmp_path / "router_discrimination.json").write_text(
-        json.dumps({"work": rel, "B=0.3": {"tasks": 1}, "held_out": {"calculator": 34}})
-    )
-    assert previous(args) == {"B=0.3": {"tasks": 1}}
+def test_pooling_over_seeds_uses_the_crossed_se():
+    one = {"a": 0.1, "b": 0.3, "c": 0.2}
+    alone = pooled_diff([one])
+    assert alone["gain"] == pytest.approx(0.2) and alone["se"] == pytest.approx(0.1 / math.sqrt(3))
+    two = {"a": 0.2, "b": 0.3, "c": 0.0, "d": 9.0}  # "d" is not in every seed: left out
+    got = pooled_diff([one, two])
+    assert got["tasks"] == 3 and got["gain"] == pytest.approx(1.1 / 6)
+    assert got["se"] == pytest.approx(two_way_se([[0.1, 0.2], [0.3, 0.3], [0.2, 0.0]]))
+    # tasks x seeds with no interaction and no seed effect: only the task spread counts
+    cells = [[0.0, 0.0], [1.0, 1.0], [2.0, 2.0]]
+    assert two_way_se(cells) == pytest.approx(math.sqrt(2 * 1.0 / 6))
 
 
-def test_a_kept_eval_is_read_instead_of_training_again(tmp_path, monkeypatch):
-    import router_budget
+def test_otc_tables_and_their_mix_at_the_routers_cost():
+    samples = [
+        {"task_id": "1", "task_type": "t", "reward": 1.0, "calls": 1},
+        {"task_id": "1", "task_type": "t", "reward": 0.0, "calls": 0},
+        {"task_id": "2", "task_type": "t", "reward": 0.5, "calls": 2},
+    ]
+    table = otc_table(samples, lambda s: float(s["calls"] > 0))
+    assert table["t/1"] == {"task_type": "t", "episodes": 2, "reward": 0.5, "cost": 0.5}
+    cheap = {"t/1": {"reward": 0.2, "cost": 0.0}, "t/2": {"reward": 0.4, "cost": 0.2}}
+    dear = {"t/1": {"reward": 0.8, "cost": 1.0}, "t/2": {"reward": 0.6, "cost": 0.6}}
+    got = mix_at_cost({0.5: cheap, 0.1: dear}, 0.3, ["t/1", "t/2"])  # costs 0.1 and 0.8
+    w = (0.8 - 0.3) / 0.7  # of the cheap policy
+    assert got["bracketed"] and got["penalties"] == [0.1, 0.5]
+    assert got["cost"] == pytest.approx(0.3)
+    assert got["per_task"]["t/1"] == pytest.approx(w * 0.2 + (1 - w) * 0.8)
+    assert got["weight_of_first"] == pytest.approx(1 - w)  # penalty 0.1 is the dear policy
+    far = mix_at_cost({0.5: cheap, 0.1: dear}, 0.95, ["t/1", "t/2"])
+    assert not far["bracketed"] and far["penalties"] == [0.1] and far["cost"] == pytest.approx(0.8)
+
+
+def test_router_minus_otc_is_paired_by_task_per_seed_and_pooled():
+    import router_discrimination as rd
+
+    rows = [_row("t", 0.0, 0.0, 1.0, "1"), _row("t", 1.0, 0.5, 1.0, "2")]  # cost 0.5, reward .75
+    otc = {
+        0.1: {"t/1": {"reward": 0.6, "cost": 1.0}, "t/2": {"reward": 0.6, "cost": 1.0}},
+        0.9: {"t/1": {"reward": 0.0, "cost": 0.0}, "t/2": {"reward": 0.5, "cost": 0.0}},
+    }
+    got = rd.otc_entry({0: rows, 1: rows}, {0: otc, 1: otc})
+    # at cost 0.5: half of each policy: t/1 0.3, t/2 0.55 -> router − OTC: +0.7, −0.05
+    assert got["cost"] == pytest.approx(0.5) and got["bracketed"]
+    assert got["reward"] == pytest.approx(0.425)
+    assert got["router_minus_otc"] == pytest.approx(0.325)
+    assert got["seeds"]["0"]["router_minus_otc"] == pytest.approx(0.325)
+    assert math.isfinite(got["router_minus_otc_se"])
+    assert rd.otc_entry({0: rows}, {}) == {}
+
+
+def test_the_runs_use_the_shipped_config_with_no_router_override_but_the_budget():
+    import router_discrimination as rd
+
+    from toolgrpo.config.validate import validate_train_config
+
+    validate_train_config(rd.config(rd.train_overrides(1, 0.3)))
+    otc = [*rd.train_overrides(1, 0.3), "router.enable=false", "reward.tool_call_cost=0.2"]
+    validate_train_config(rd.config(otc))
+    cfg = yaml.safe_load(rd.CONFIG.read_text())
+    assert set(cfg["router"]) == {"enable", "budget"}  # the library's defaults do the rest
+    assert [s.split(":")[0] for s in cfg["data"]["train_files"]] == list(rd.TYPES)
+    assert cfg["actor_rollout_ref"]["rollout"]["multi_turn"]["envs"]["direct"]["offer_tools"]
+    ov = rd.train_overrides(1, 0.3)
+    assert [o for o in ov if o.startswith("router.")] == ["router.budget=0.3"]
+    ev = rd.eval_overrides(1, 4)
+    assert "data.val_files=[calculator:test,search:test,direct:test,arith_mixed:test]" in ev
+    assert "actor_rollout_ref.rollout.val_kwargs.n=4" in ev
+    assert "actor_rollout_ref.rollout.val_kwargs.do_sample=true" in ev
+
+
+def test_kept_evals_and_tables_are_read_instead_of_training_again(tmp_path, monkeypatch):
     import router_discrimination as rd
 
     def refuse(*a, **k):
-        raise AssertionError("trained or evaluated although the eval is kept")
+        raise AssertionError("trained or evaluated although the result is kept")
 
-    monkeypatch.setattr(router_budget, "run_one", refuse)
-    monkeypatch.setattr(rd.subprocess, "run", refuse)
-    results = tmp_path / "results"
+    monkeypatch.setattr(rd, "toolgrpo", refuse)
+    kept = tmp_path / "kept"
+    kept.mkdir()
     rows = [_row("math", 0.0, 0.0, 1.0)]
     record = {"samples": [{"task_id": "1", "messages": ["long"]}], "routing": {"per_task": rows}}
-    kept = results / "router_discrimination_kept" / "work" / "eval_B=0.3.json"
-    kept.parent.mkdir(parents=True)
-    kept.write_text(json.dumps(record))
-    args = argparse.Namespace(steps=60, seed=0, extra=[], results=results)
-    got = rd.train_and_eval("B=0.3", 0.3, args, tmp_path / "work")
-    assert got == {"checkpoint": None, "rows": rows}
+    (kept / "eval_router_s0.json").write_text(json.dumps(record))
+    table = {"t/1": {"task_type": "t", "episodes": 4, "reward": 0.5, "cost": 0.25}}
+    (kept / "table_otc_c0.2_s0.json").write_text(json.dumps(table))
+    args = argparse.Namespace(work=tmp_path / "work", budget=0.3, episodes=4)
+    args.work.mkdir()
+    assert rd.router_seed(0, args, kept) == rows
+    assert rd.otc_seed(0, 0.2, args, kept) == table
     # a fresh eval in the work directory is read first, and kept without its episodes' text
-    work_eval = tmp_path / "work" / "eval_B=0.3.json"
-    work_eval.parent.mkdir()
-    work_eval.write_text(json.dumps({**record, "routing": {"per_task": rows * 2}}))
-    assert rd.train_and_eval("B=0.3", 0.3, args, tmp_path / "work")["rows"] == rows * 2
-    assert "messages" not in json.loads(kept.read_text())["samples"][0]
+    (args.work / "eval_router_s0.json").write_text(
+        json.dumps(record | {"routing": {"per_task": rows * 2}})
+    )
+    assert rd.router_seed(0, args, kept) == rows * 2
+    assert "messages" not in json.loads((kept / "eval_router_s0.json").read_text())["samples"][0]
