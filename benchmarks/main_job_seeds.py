@@ -38,10 +38,11 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cli_runs import cpu_flags, toolgrpo  # noqa: E402
 from kept import finder, keep_evals, keep_file, kept_dir, pin, step_means  # noqa: E402
+from seed_stats import two_way_se  # noqa: E402
+from unseen_tools import SCHEMA_MEASURES, SCHEMAS, pooled_schemas, schema_fields  # noqa: E402
 
 from toolgrpo.eval.paired import (  # noqa: E402
     load_outcomes,
-    load_parts,
     load_single_turn,
     paired,
     paired_values,
@@ -69,10 +70,6 @@ VAL_KEY = "val/all/accuracy"
 def final_checkpoint(run: Path) -> Path | None:
     ck = run / "checkpoints" / f"global_step_{STEPS}"
     return ck if (ck / "trainer_state.json").is_file() else None
-
-
-SCHEMAS = "schemas:test"  # calls to functions no training task shows, both prompt styles
-SCHEMA_MEASURES = ("format_valid", "correct")
 
 
 def eval_names(name: str) -> tuple[str, str, str]:
@@ -176,84 +173,19 @@ def machine() -> dict:
     }
 
 
-def two_way_se(cells: list[list[float]]) -> float:
-    """SE of the grand mean of a tasks x seeds table (one outcome a cell, both factors random):
-    var = (sigma_task^2 * S + sigma_seed^2 * T + sigma_err^2) / (S T), each variance from the
-    ANOVA mean squares, a negative component estimate set to 0."""
-    t, s = len(cells), len(cells[0])
-    grand = fmean(x for row in cells for x in row)
-    task_m = [fmean(row) for row in cells]
-    seed_m = [fmean(row[j] for row in cells) for j in range(s)]
-    ms_task = s * sum((a - grand) ** 2 for a in task_m) / (t - 1)
-    ms_seed = t * sum((b - grand) ** 2 for b in seed_m) / (s - 1)
-    resid = sum(
-        (cells[i][j] - task_m[i] - seed_m[j] + grand) ** 2 for i in range(t) for j in range(s)
-    )
-    ms_err = resid / ((t - 1) * (s - 1))
-    var = max(ms_task - ms_err, 0.0) + max(ms_seed - ms_err, 0.0) + ms_err
-    return math.sqrt(var / (s * t))
-
-
-def schema_fields(before: Path, after: Path, cells: dict[str, dict[str, list[float]]]) -> dict:
-    """The unseen-tools eval before and after, per measure (percent of the 480 answers: 240
-    items in each prompt style), paired by task, with each style's own row; ``cells`` gathers
-    each task's difference for the pooled SE."""
-    out: dict = {"schemas_before": {}, "schemas_after": {}, "schemas_diff": {}, "schemas_se": {}}
-    by_style: dict = {}
-    for m in SCHEMA_MEASURES:
-        b, a = load_parts(before, m), load_parts(after, m)
-        p = paired_values({t: v for t, (_, v) in b.items()}, {t: v for t, (_, v) in a.items()})
-        out["schemas_before"][m] = 100 * p["before"]
-        out["schemas_after"][m] = 100 * p["after"]
-        out["schemas_diff"][m] = 100 * p["diff"]
-        out["schemas_se"][m] = 100 * p["diff_se_paired"]
-        for style in sorted({k for k, _ in b.values()}):
-            ids = [t for t, (k, _) in b.items() if k == style]
-            q = paired_values({t: b[t][1] for t in ids}, {t: a[t][1] for t in ids if t in a})
-            by_style.setdefault(style, {})[m] = {
-                "before": 100 * q["before"],
-                "after": 100 * q["after"],
-                "diff": 100 * q["diff"],
-                "se": 100 * q["diff_se_paired"],
-            }
-        for t in b.keys() & a.keys():
-            cells[m].setdefault(t, []).append(a[t][1] - b[t][1])
-    out["schemas_by_style"] = by_style
-    return out
-
-
-def pooled_schemas(rows: list[dict], cells: dict[str, dict[str, list[float]]]) -> dict:
-    """Pooled unseen-tools differences over seeds: mean and crossed tasks x seeds SE."""
-    out: dict = {"schemas_diff": {}, "schemas_se": {}, "schemas_z": {}}
-    for m, per_task in cells.items():
-        full = [v for v in per_task.values() if len(v) == len(rows)]
-        if not full:
-            continue
-        mean = 100 * fmean(fmean(v) for v in full)
-        if len(rows) > 1:
-            se = 100 * two_way_se(full)
-        else:
-            se = 100 * stdev(v[0] for v in full) / math.sqrt(len(full))
-        out["schemas_diff"][m], out["schemas_se"][m] = mean, se
-        out["schemas_z"][m] = mean / se if se > 0 else float("nan")
-    out["schemas_before"] = {m: fmean(r["schemas_before"][m] for r in rows) for m in cells}
-    out["schemas_after"] = {m: fmean(r["schemas_after"][m] for r in rows) for m in cells}
-    return out
-
-
 def summarize(work: Path, seeds: list[int], kept: Path | None = None) -> dict:
     """The result from the evals in ``work``, or kept in ``kept`` (seeds without both evals
     left out)."""
     at = finder(work, kept)
     base_env, base_rlla, base_schemas = (at(n) for n in eval_names("warmstart"))
-    assert base_env and base_rlla and base_schemas, f"{work} (and {kept}) lack warm-start evals"
+    assert base_env and base_rlla, f"{work} (and {kept}) hold no warm-start evals"
     before = load_outcomes(base_env)
     rlla_before = load_single_turn(base_rlla)
     rows, per_task = [], {}
     schema_cells: dict[str, dict[str, list[float]]] = {m: {} for m in SCHEMA_MEASURES}
     for s in seeds:
         env, rlla, schemas = (at(n) for n in eval_names(f"seed_{s}"))
-        if env is None or rlla is None or schemas is None:
+        if env is None or rlla is None:  # a seed kept from before the unseen-tools eval has none
             continue
         after = load_outcomes(env)
         p = paired(before, after, "accuracy")
@@ -267,7 +199,11 @@ def summarize(work: Path, seeds: list[int], kept: Path | None = None) -> dict:
                 "rlla_diff": r["diff"],
                 "rlla_se": r["diff_se_paired"],
                 "rlla_z": r["z"],
-                **schema_fields(base_schemas, schemas, schema_cells),
+                **(
+                    schema_fields(base_schemas, schemas, schema_cells)
+                    if base_schemas and schemas
+                    else {}
+                ),
                 "training": training(at(metrics_name(s))),
             }
         )
@@ -309,7 +245,7 @@ def summarize(work: Path, seeds: list[int], kept: Path | None = None) -> dict:
                 if len(rows) > 1
                 else None
             ),
-            **pooled_schemas(rows, schema_cells),
+            **pooled_schemas([r for r in rows if "schemas_diff" in r], schema_cells),
         }
     out["machine"] = machine()
     return out
@@ -378,10 +314,12 @@ def write(result: dict, out: Path) -> None:
         print(
             f"seed {r['seed']}: {r['before']:.1f} -> {r['after']:.1f} %, gain {r['gain']:+.1f} "
             f"± {r['se']:.1f} (z {r['z']:.1f}); RLLA reward {r['rlla_before']:.3f} -> "
-            f"{r['rlla_after']:.3f} ({r['rlla_diff']:+.3f} ± {r['rlla_se']:.3f}); unseen tools "
+            f"{r['rlla_after']:.3f} ({r['rlla_diff']:+.3f} ± {r['rlla_se']:.3f})"
+            + "; unseen tools "
             + ", ".join(
                 f"{m} {r['schemas_before'][m]:.1f} -> {r['schemas_after'][m]:.1f} %"
                 for m in SCHEMA_MEASURES
+                if "schemas_before" in r
             )
         )
     if "pooled" in result:

@@ -12,6 +12,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from statistics import fmean, stdev
 from typing import Any
 
+from seed_stats import two_way_se
+
 from toolgrpo.router.metrics import auroc
 
 ANSWER = "ANSWER"
@@ -201,24 +203,6 @@ def blind_diffs(rows: list[Row]) -> dict[str, float]:
     """Per task: the router's expected reward minus the best blind mix's at its cost."""
     mix = fixed_mix(rows, fmean(expected(r, "cost") for r in rows))
     return {key(r): expected(r, "reward") - b for r, b in zip(rows, mix["per_task"], strict=True)}
-
-
-def two_way_se(cells: list[list[float]]) -> float:
-    """SE of the grand mean of a tasks × seeds table (one value a cell, both factors random):
-    var = (σ²_task·S + σ²_seed·T + σ²_err) / (S·T), each variance from the ANOVA mean squares,
-    a negative component estimate set to 0."""
-    t, s = len(cells), len(cells[0])
-    grand = fmean(x for row in cells for x in row)
-    task_m = [fmean(row) for row in cells]
-    seed_m = [fmean(row[j] for row in cells) for j in range(s)]
-    ms_task = s * sum((a - grand) ** 2 for a in task_m) / (t - 1)
-    ms_seed = t * sum((b - grand) ** 2 for b in seed_m) / (s - 1)
-    resid = sum(
-        (cells[i][j] - task_m[i] - seed_m[j] + grand) ** 2 for i in range(t) for j in range(s)
-    )
-    ms_err = resid / ((t - 1) * (s - 1))
-    var = max(ms_task - ms_err, 0.0) + max(ms_seed - ms_err, 0.0) + ms_err
-    return math.sqrt(var / (s * t))
 
 
 def pooled_diff(per_seed: Sequence[Mapping[str, float]]) -> dict[str, float]:

@@ -50,7 +50,11 @@ def _schemas(path: Path, valid: set[int], correct: set[int], n: int = 8) -> None
             "task_id": f"s{i}",
             "task_type": ("schemas", "schemas_rlla")[i % 2],
             "reward": 1.0 if i in correct else 0.25 * (i in valid),
-            "reward_parts": {"format_valid": float(i in valid), "correct": float(i in correct)},
+            "reward_parts": {
+                "format_valid": float(i in valid),
+                "names_ok": float(i in correct),
+                "correct": float(i in correct),
+            },
         }
         for i in range(n)
     ]
@@ -72,10 +76,10 @@ def test_the_unseen_tools_eval_is_paired_per_seed_per_style_and_pooled(tmp_path)
     _all_schemas(tmp_path)
     out = summarize(tmp_path, [0, 1])
     s0, s1 = out["seeds"]
-    assert s0["schemas_before"] == {"format_valid": 75.0, "correct": 25.0}
-    assert s0["schemas_after"] == {"format_valid": 37.5, "correct": 12.5}
-    assert s0["schemas_diff"] == {"format_valid": -37.5, "correct": -12.5}
-    assert s1["schemas_diff"] == {"format_valid": 12.5, "correct": 12.5}
+    assert s0["schemas_before"] == {"format_valid": 75.0, "names_ok": 25.0, "correct": 25.0}
+    assert s0["schemas_after"] == {"format_valid": 37.5, "names_ok": 12.5, "correct": 12.5}
+    assert s0["schemas_diff"] == {"format_valid": -37.5, "names_ok": -12.5, "correct": -12.5}
+    assert s1["schemas_diff"]["format_valid"] == 12.5 and s1["schemas_diff"]["correct"] == 12.5
     # per style: even ids are native (0, 2, 4, 6), odd ones RLLA
     assert s0["schemas_by_style"]["schemas"]["format_valid"]["diff"] == -25.0
     assert s0["schemas_by_style"]["schemas_rlla"]["format_valid"]["diff"] == -50.0
