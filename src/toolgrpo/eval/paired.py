@@ -44,8 +44,8 @@ class IncompleteEval(ValueError):
     """The eval JSON did not keep every episode (``--samples`` was smaller than the tasks)."""
 
 
-def load_outcomes(path: Path) -> dict[str, TaskOutcome]:
-    """task id → outcome, from a ``toolgrpo eval`` JSON that kept every episode."""
+def _episodes(path: Path) -> list[dict[str, Any]]:
+    """The episodes a ``toolgrpo eval`` JSON kept; ``IncompleteEval`` unless it kept them all."""
     record = json.loads(Path(path).read_text())
     samples = record.get("samples", [])
     if len(samples) < record.get("num_episodes", 0):
@@ -53,8 +53,13 @@ def load_outcomes(path: Path) -> dict[str, TaskOutcome]:
             f"{path} keeps {len(samples)} episodes of {record['num_episodes']}: "
             "re-run toolgrpo eval with --samples at least the tasks per type"
         )
+    return samples
+
+
+def load_outcomes(path: Path) -> dict[str, TaskOutcome]:
+    """task id → outcome, from a ``toolgrpo eval`` JSON that kept every episode."""
     out = {}
-    for s in samples:
+    for s in _episodes(path):
         reward = s["reward"]
         ok = reward is not None and math.isfinite(reward)
         ok = ok and reward >= success_threshold(s["task_type"])
@@ -67,16 +72,9 @@ def load_parts(path: Path, part: str) -> dict[str, tuple[str, float]]:
     """task id → (task type, one reward part as a number, 0 where the episode lacks it), from a
     ``toolgrpo eval`` JSON that kept every episode: e.g. ``format_valid`` or ``correct`` of the
     generated-schemas tasks."""
-    record = json.loads(Path(path).read_text())
-    samples = record.get("samples", [])
-    if len(samples) < record.get("num_episodes", 0):
-        raise IncompleteEval(
-            f"{path} keeps {len(samples)} episodes of {record['num_episodes']}: "
-            "re-run toolgrpo eval with --samples at least the tasks per type"
-        )
     return {
         s["task_id"]: (s["task_type"], float((s.get("reward_parts") or {}).get(part, 0.0)))
-        for s in samples
+        for s in _episodes(path)
     }
 
 
