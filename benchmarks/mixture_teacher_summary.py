@@ -23,7 +23,7 @@ from main_job_seeds import machine
 from mixture_teacher_arms import ACTOR, ARMS, CONFIG, RECIPE, REFERENCES, ROOT, TEACHER
 
 from toolgrpo.eval.episodes import success_threshold
-from toolgrpo.eval.paired import IncompleteEval, load_outcomes
+from toolgrpo.eval.paired import load_episodes, load_outcomes
 
 PASS_K = 4
 # The metrics.jsonl keys a run keeps (kept.keep_file): what every arm needs to explain itself.
@@ -61,15 +61,8 @@ def eval_name(name: str, measure: str = "greedy") -> str:
 def pass_at_k(path: Path, k: int = PASS_K) -> dict[str, float]:
     """task id → unbiased pass@k, 1 − C(n − c, k)/C(n, k), over a task's n ≥ k episodes (c of
     them successes), from a ``toolgrpo eval`` JSON that kept every episode."""
-    record = json.loads(Path(path).read_text())
-    samples = record.get("samples", [])
-    if len(samples) < record.get("num_episodes", 0):
-        raise IncompleteEval(
-            f"{path} keeps {len(samples)} episodes of {record['num_episodes']}: "
-            "re-run toolgrpo eval with --samples at least the episodes per type"
-        )
     tries: dict[str, list[bool]] = defaultdict(list)
-    for s in samples:
+    for s in load_episodes(path):  # refuses an eval that did not keep every episode
         r = s["reward"]
         ok = r is not None and math.isfinite(r) and r >= success_threshold(s["task_type"])
         tries[s["task_id"]].append(ok)

@@ -44,7 +44,7 @@ class IncompleteEval(ValueError):
     """The eval JSON did not keep every episode (``--samples`` was smaller than the tasks)."""
 
 
-def _episodes(path: Path) -> list[dict[str, Any]]:
+def load_episodes(path: Path) -> list[dict[str, Any]]:
     """The episodes a ``toolgrpo eval`` JSON kept; ``IncompleteEval`` unless it kept them all."""
     record = json.loads(Path(path).read_text())
     samples = record.get("samples", [])
@@ -59,7 +59,7 @@ def _episodes(path: Path) -> list[dict[str, Any]]:
 def load_outcomes(path: Path) -> dict[str, TaskOutcome]:
     """task id → outcome, from a ``toolgrpo eval`` JSON that kept every episode."""
     out = {}
-    for s in _episodes(path):
+    for s in load_episodes(path):
         reward = s["reward"]
         ok = reward is not None and math.isfinite(reward)
         ok = ok and reward >= success_threshold(s["task_type"])
@@ -74,7 +74,7 @@ def load_parts(path: Path, part: str) -> dict[str, tuple[str, float]]:
     generated-schemas tasks."""
     return {
         s["task_id"]: (s["task_type"], float((s.get("reward_parts") or {}).get(part, 0.0)))
-        for s in _episodes(path)
+        for s in load_episodes(path)
     }
 
 
