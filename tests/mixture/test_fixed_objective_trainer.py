@@ -5,16 +5,15 @@ every arm logs to explain itself (the fixed rows' share of the update's gradient
 from __future__ import annotations
 
 import math
-import zlib
 from pathlib import Path
 
 import pytest
 import torch
 
 from tests.conftest import read_metrics
+from tests.mixture.test_mixed_groups_trainer import _capture, _varied_score
 from toolgrpo.algos.grpo_split import compute_grpo_split_advantages
 from toolgrpo.config.loader import ConfigError
-from toolgrpo.rewards.scoring import Score
 from toolgrpo.trainer import actor as actor_mod
 from toolgrpo.trainer import rollout_stage
 from toolgrpo.trainer.trainer import Trainer
@@ -37,11 +36,6 @@ RECIPE = {
 }
 
 
-def _varied_score(task, text, step, flags):
-    v = float(zlib.crc32(text.encode()) % 7) - 3.0
-    return Score(v, 0.0, v, 0.0, False, False)
-
-
 @pytest.fixture(autouse=True)
 def _scores(monkeypatch):
     monkeypatch.setattr(rollout_stage, "score", _varied_score)
@@ -54,20 +48,6 @@ def mix_config(make_train_config, tiny_fixed_dir):
         return make_train_config(steps=steps, out=out, **{**base, **MIXED, **extra})
 
     return make
-
-
-def _capture(trainer: Trainer) -> list[dict]:
-    seen = []
-    orig = trainer.actor.update
-
-    def update(batch):
-        seen.append(
-            {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in vars(batch).items()}
-        )
-        return orig(batch)
-
-    trainer.actor.update = update
-    return seen
 
 
 def test_the_recipes_options_reach_the_update_and_explain_themselves(

@@ -4,19 +4,12 @@ policy's are another LM's outcomes. The LM still trains on every row at the step
 
 from __future__ import annotations
 
-import zlib
-
 import pytest
 
 from tests.conftest import read_metrics
-from toolgrpo.rewards.scoring import Score
+from tests.mixture.test_mixed_groups_trainer import _varied_score
 from toolgrpo.trainer import rollout_stage as stage_mod
 from toolgrpo.trainer.trainer import Trainer
-
-
-def _varied_score(task, text, step, flags):
-    v = float(zlib.crc32(text.encode()) % 7) - 3.0
-    return Score(v, 0.0, v, 0.0, False, False)
 
 
 def test_the_head_and_lambda_learn_from_the_actors_rollouts_only(
