@@ -13,12 +13,19 @@ without training or evaluating it again, and ``--report`` works from the kept co
 
     python benchmarks/main_job_seeds.py --seeds 0 1 2            # ~30 min a seed on 2 cores
     python benchmarks/main_job_seeds.py --seeds 0 1 2 --report   # only re-read what is there
+    python benchmarks/main_job_seeds.py --config configs/agent_gemma3_grpo.yaml \
+        --work outputs/main_job_gemma3 --out benchmarks/results/main_job_gemma3  # another model
+
+With ``--config`` the same job runs from another main-job config (another model): its steps are
+the config's ``trainer.total_training_steps``, and the RLLA eval scores that config's model.
 
 Writes ``benchmarks/results/main_job_seeds.json`` (+ ``.png``): per seed ``seed``, ``gain``,
 ``se``, ``z`` (held-out accuracy, points), ``rlla_before``, ``rlla_after``, ``rlla_diff``,
-``rlla_se`` (mean RLLA reward, paired); ``pooled.gain`` / ``pooled.se`` (the mean gain over
-seeds and tasks; its SE is the crossed tasks x seeds random-effects SE, and
-``pooled.se_conservative`` adds the SE over tasks and the SE between seeds); ``machine``.
+``rlla_se`` (mean RLLA reward, paired), the unseen-tools fields (``schemas_*``), ``training``
+(means over the steps, and ``peak_rss_gb``); ``warm_start_accuracy``; ``pooled.gain`` /
+``pooled.se`` (the mean gain over seeds and tasks; its SE is the crossed tasks x seeds
+random-effects SE, and ``pooled.se_conservative`` adds the SE over tasks and the SE between
+seeds); ``machine``.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ import json
 import math
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from statistics import fmean, stdev
 
@@ -37,7 +45,15 @@ sys.path.insert(0, str(ROOT / "src"))
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cli_runs import cpu_flags, toolgrpo  # noqa: E402
-from kept import finder, keep_evals, keep_file, kept_dir, pin, step_means  # noqa: E402
+from kept import (  # noqa: E402
+    finder,
+    keep_evals,
+    keep_file,
+    kept_dir,
+    pin,
+    step_means,
+    write_atomic,
+)
 from seed_stats import two_way_se  # noqa: E402
 from unseen_tools import SCHEMA_MEASURES, SCHEMAS, pooled_schemas, schema_fields  # noqa: E402
 
@@ -50,7 +66,7 @@ from toolgrpo.eval.paired import (  # noqa: E402
 
 CONFIG = ROOT / "configs" / "agent_smollm2_grpo.yaml"
 RLLA_CONFIG = ROOT / "configs" / "grpo_smollm2_rlla.yaml"
-STEPS = 16
+STEPS = 16  # the default config's trainer.total_training_steps
 # What each seed's summary averages over its training steps (time, the sampler/trainer mismatch,
 # reward); kept in git with the in-training validation accuracy.
 TRAINING_KEYS = (
@@ -63,12 +79,45 @@ TRAINING_KEYS = (
     "rollout/mismatch_kl",
     "rollout/mismatch_frac_outside_clip",
     "rollout/is_weight_truncated_frac",
+    "perf/rss_gb",
 )
+PEAK_KEY = "perf/peak_rss_gb"  # its largest value is the run's (an upper bound: trainer/perf.py)
 VAL_KEY = "val/all/accuracy"
 
 
-def final_checkpoint(run: Path) -> Path | None:
-    ck = run / "checkpoints" / f"global_step_{STEPS}"
+@dataclass(frozen=True)
+class Job:
+    """The main-job config every seed trains (and the env and unseen-tools evals read), and its
+    number of steps (the final checkpoint's)."""
+
+    config: Path = CONFIG
+    steps: int = STEPS
+
+    @classmethod
+    def of(cls, config: Path) -> Job:
+        from omegaconf import OmegaConf
+
+        return cls(config.resolve(), int(OmegaConf.load(config).trainer.total_training_steps))
+
+    def rlla_model(self) -> list[str]:
+        """Overrides that make the RLLA eval score this config's model (none for the default)."""
+        if self.config == CONFIG:
+            return []
+        from omegaconf import OmegaConf
+
+        model = OmegaConf.load(self.config).actor_rollout_ref.model
+        out = [f"actor_rollout_ref.model.path={model.path}"]
+        if model.get("adapter_path"):
+            out.append(f"actor_rollout_ref.model.adapter_path={model.adapter_path}")
+        return out
+
+    def label(self) -> str:
+        inside = self.config.is_relative_to(ROOT)
+        return str(self.config.relative_to(ROOT) if inside else self.config)
+
+
+def final_checkpoint(run: Path, job: Job = Job()) -> Path | None:
+    ck = run / "checkpoints" / f"global_step_{job.steps}"
     return ck if (ck / "trainer_state.json").is_file() else None
 
 
@@ -84,15 +133,17 @@ def evaluated(work: Path, kept: Path | None, name: str) -> bool:
     return all(at(n) is not None for n in eval_names(name))
 
 
-def evaluate(work: Path, kept: Path, name: str, checkpoint: Path | None, log: Path) -> None:
-    """Held-out env eval (300 tasks, every episode kept) and RLLA test eval (80 tasks), each
-    run unless found in ``work`` or ``kept``, and kept."""
+def evaluate(
+    work: Path, kept: Path, name: str, checkpoint: Path | None, log: Path, job: Job = Job()
+) -> None:
+    """Held-out env eval (300 tasks, every episode kept), RLLA test eval (80 tasks) and the
+    unseen-tools eval (480), each run unless found in ``work`` or ``kept``, and kept."""
     ck = ["--checkpoint", str(checkpoint)] if checkpoint else []
     env, rlla, schemas = eval_names(name)
     runs = (
-        (env, "100", [str(CONFIG)]),
-        (rlla, "80", [str(RLLA_CONFIG)]),
-        (schemas, "240", [str(CONFIG), f"data.val_files=[{SCHEMAS}]"]),
+        (env, "100", [str(job.config)]),
+        (rlla, "80", [str(RLLA_CONFIG), *job.rlla_model()]),
+        (schemas, "240", [str(job.config), f"data.val_files=[{SCHEMAS}]"]),
     )
     for rel, samples, config in runs:
         if finder(work, kept)(rel) is None:
@@ -119,8 +170,8 @@ def train_run(run: Path, config: Path, seed: int, steps: int, extra: list[str], 
     return ck
 
 
-def run_seed(work: Path, seed: int, extra: list[str], log: Path) -> Path:
-    return train_run(work / f"seed_{seed}", CONFIG, seed, STEPS, extra, log)
+def run_seed(work: Path, seed: int, extra: list[str], log: Path, job: Job = Job()) -> Path:
+    return train_run(work / f"seed_{seed}", job.config, seed, job.steps, extra, log)
 
 
 def gain_fields(p: dict) -> dict:
@@ -142,11 +193,11 @@ def metrics_name(seed: int) -> str:
     return f"seed_{seed}/metrics.jsonl"
 
 
-def keep_metrics(work: Path, kept: Path, seed: int) -> None:
+def keep_metrics(work: Path, kept: Path, seed: int, job: Job = Job()) -> None:
     """Keep a finished run's metrics.jsonl, only the keys its summary reads."""
     src = work / metrics_name(seed)
-    if final_checkpoint(work / f"seed_{seed}") is not None and src.is_file():
-        keep_file(src, kept / metrics_name(seed), (*TRAINING_KEYS, VAL_KEY))
+    if final_checkpoint(work / f"seed_{seed}", job) is not None and src.is_file():
+        keep_file(src, kept / metrics_name(seed), (*TRAINING_KEYS, PEAK_KEY, VAL_KEY))
 
 
 def training(metrics_jsonl: Path | None) -> dict:
@@ -155,7 +206,11 @@ def training(metrics_jsonl: Path | None) -> dict:
     if metrics_jsonl is None:
         return {}
     every = [json.loads(line) for line in metrics_jsonl.read_text().splitlines() if line.strip()]
-    out: dict = step_means((r for r in every if r.get("step", 0) > 0), TRAINING_KEYS)
+    steps = [r for r in every if r.get("step", 0) > 0]
+    out: dict = step_means(steps, TRAINING_KEYS)
+    peaks = [float(r[PEAK_KEY]) for r in steps if PEAK_KEY in r]
+    if peaks:
+        out["peak_rss_gb"] = max(peaks)
     out["val_accuracy"] = {str(r["step"]): r[VAL_KEY] for r in every if VAL_KEY in r}
     return out
 
@@ -173,7 +228,7 @@ def machine() -> dict:
     }
 
 
-def summarize(work: Path, seeds: list[int], kept: Path | None = None) -> dict:
+def summarize(work: Path, seeds: list[int], kept: Path | None = None, job: Job = Job()) -> dict:
     """The result from the evals in ``work``, or kept in ``kept`` (seeds without both evals
     left out)."""
     at = finder(work, kept)
@@ -211,9 +266,10 @@ def summarize(work: Path, seeds: list[int], kept: Path | None = None) -> dict:
             per_task.setdefault(t, []).append(after[t].success - before[t].success)
     extra = at("overrides.json")  # what every training run of this --work added
     out: dict = {
-        "config": str(CONFIG.relative_to(ROOT)),
+        "config": job.label(),
         "overrides": json.loads(extra.read_text()) if extra else [],
-        "steps": STEPS,
+        "steps": job.steps,
+        "warm_start_accuracy": 100 * fmean(o.success for o in before.values()),
         "seeds": rows,
     }
     if rows:
@@ -278,36 +334,37 @@ def plot(result: dict, path: Path) -> None:
 def main(argv: list[str]) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--config", type=Path, default=CONFIG, help="the main-job config to train")
     ap.add_argument("--work", type=Path, default=ROOT / "outputs" / "main_job_seeds")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "main_job_seeds")
     ap.add_argument("--report", action="store_true", help="summarize what is there; run nothing")
     ap.add_argument("overrides", nargs="*", help="key=value for every training run (not evals)")
     args = ap.parse_args(argv)
-    work, kept = args.work, kept_dir(args.out)
+    work, kept, job = args.work, kept_dir(args.out), Job.of(args.config)
     work.mkdir(parents=True, exist_ok=True)
     log = work / "log.txt"
     if not args.report:
         # The overrides, and the config file itself (it can change between invocations: a new
         # default) by its hash: runs (and kept evals) of another setting are not reused.
-        digest = hashlib.sha256(CONFIG.read_bytes()).hexdigest()
+        digest = hashlib.sha256(job.config.read_bytes()).hexdigest()
         pin(
             [work, kept],
             {"overrides.json": json.dumps(args.overrides), "config.sha256": digest + "\n"},
         )
-        evaluate(work, kept, "warmstart", None, log)
+        evaluate(work, kept, "warmstart", None, log, job)
         for s in args.seeds:
             if not evaluated(work, kept, f"seed_{s}"):  # a kept seed is done
-                ck = run_seed(work, s, args.overrides, log)
-                evaluate(work, kept, f"seed_{s}", ck, log)
+                ck = run_seed(work, s, args.overrides, log, job)
+                evaluate(work, kept, f"seed_{s}", ck, log, job)
             keep_evals(work, kept, eval_names(f"seed_{s}"))  # evals of an earlier session too
-            keep_metrics(work, kept, s)
-            write(summarize(work, args.seeds, kept), args.out)  # each seed's result as it lands
-    write(summarize(work, args.seeds, kept), args.out)
+            keep_metrics(work, kept, s, job)
+            write(summarize(work, args.seeds, kept, job), args.out)  # each seed as it lands
+    write(summarize(work, args.seeds, kept, job), args.out)
 
 
 def write(result: dict, out: Path) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
+    write_atomic(out.with_suffix(".json"), json.dumps(result, indent=1) + "\n")
     if result["seeds"]:
         plot(result, out.with_suffix(".png"))
     for r in result["seeds"]:

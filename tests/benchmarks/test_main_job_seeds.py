@@ -204,3 +204,62 @@ def test_two_way_se_is_exact_without_interaction_and_unbiased_under_the_model():
     assert abs(stdev(grand) ** 2 / true - 1) < 0.1  # the simulation is what the model says
     assert abs(fmean(est) / true - 1) < 0.06
     assert fmean(summed) / true > 1.1
+
+
+def test_another_config_trains_its_own_steps_and_the_rlla_eval_scores_its_model(
+    tmp_path, monkeypatch
+):
+    """``--config``: every seed trains that config to its own last step, the env and unseen-tools
+    evals read it, and the RLLA eval scores its model (path and adapter), not SmolLM2's."""
+    text = mjs.CONFIG.read_text()
+    text = text.replace("total_training_steps: 16", "total_training_steps: 3")
+    text = text.replace("path: smollm2-135m-agent", "path: other-model\n    adapter_path: ad/x")
+    config = tmp_path / "agent_other.yaml"
+    config.write_text(text)
+    calls: list[tuple[str, ...]] = []
+
+    def fake(*args: str, log: Path) -> None:
+        calls.append(args)
+        if args[0] == "train":
+            run = Path(next(a for a in args if a.startswith("trainer.output_dir=")).split("=")[1])
+            ck = run / "checkpoints" / "global_step_3"
+            ck.mkdir(parents=True)
+            (ck / "trainer_state.json").write_text("{}")
+            rows = [{"step": i, "timing/step_s": 5.0, "perf/peak_rss_gb": g}
+                    for i, g in ((1, 2.5), (2, 3.25), (3, 3.0))]  # fmt: skip
+            (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+            return
+        out = Path(args[args.index("--output") + 1])
+        trained = "--checkpoint" in args
+        if out.name.startswith("eval_env"):
+            _env(out, {0, 1, 2, 3, 4} if trained else {0, 1})
+        elif out.name.startswith("eval_rlla"):
+            _rlla(out, [0.0, 1.0])
+        else:
+            _schemas(out, {0, 1}, {0})
+
+    monkeypatch.setattr(mjs, "toolgrpo", fake)
+    monkeypatch.setattr(mjs, "plot", lambda result, path: None)
+    out = tmp_path / "results" / "main_job_other"
+    mjs.main(["--config", str(config), "--seeds", "0", "--work", str(tmp_path / "w"),
+              "--out", str(out)])  # fmt: skip
+    result = json.loads(out.with_suffix(".json").read_text())
+    assert result["steps"] == 3 and result["config"] == str(config)
+    assert result["warm_start_accuracy"] == pytest.approx(10.0)  # 2 of 20
+    assert result["seeds"][0]["gain"] == pytest.approx(15.0)
+    assert result["seeds"][0]["training"]["peak_rss_gb"] == 3.25  # the largest step's
+    train = [c for c in calls if c[0] == "train"]
+    assert len(train) == 1 and train[0][1] == str(config)
+    rlla = [c for c in calls if c[0] == "eval" and "eval_rlla" in " ".join(c)]
+    assert (
+        all(
+            str(mjs.RLLA_CONFIG) in c
+            and "actor_rollout_ref.model.path=other-model" in c
+            and "actor_rollout_ref.model.adapter_path=ad/x" in c
+            for c in rlla
+        )
+        and len(rlla) == 2
+    )
+    env = [c for c in calls if c[0] == "eval" and "eval_env" in " ".join(c)]
+    assert all(str(config) in c for c in env) and len(env) == 2
+    assert mjs.Job().rlla_model() == []  # the default config's RLLA eval is unchanged

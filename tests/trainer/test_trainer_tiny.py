@@ -33,6 +33,8 @@ REQUIRED = (
     "timing/train_s",
     "timing/step_s",
     "tokens/generated",
+    "perf/rss_gb",
+    "perf/peak_rss_gb",
 )
 
 

@@ -47,6 +47,7 @@ from toolgrpo.trainer.batch import Batch
 from toolgrpo.trainer.episodes import EpisodeRunner, make_router, mask_truncated_rows
 from toolgrpo.trainer.metrics import NoSignalWatch, batch_metrics
 from toolgrpo.trainer.parallel import actor_policy, open_tracker, push_weights
+from toolgrpo.trainer.perf import memory_metrics
 from toolgrpo.trainer.replay import AsyncRollout, take_batch
 from toolgrpo.trainer.resume import prepare_output_dir
 from toolgrpo.trainer.rollout_dump import make_dumper
@@ -283,7 +284,7 @@ class Trainer:
             batch.response_mask_BR = full_mask
         timing["timing/train_s"] = time.time() - t0
         timing["timing/step_s"] = time.time() - t_step
-        extra = {**extra, **kl_metrics, **actor_metrics, **router_metrics}
+        extra = {**extra, **kl_metrics, **actor_metrics, **router_metrics, **memory_metrics()}
         if self.pool is not None:
             extra.update(self.pool.metrics())
         extra["reward/nonfinite"] = rolled.nonfinite
@@ -335,8 +336,7 @@ class Trainer:
     def compute_advantages(self, batch: Batch, price: LmPrice | None = None) -> dict[str, float]:
         """Token rewards and advantages (trainer/advantage_stage.py); ``price``: the router's
         λ·cost of the batch's rows, sampled with it."""
-        alg = self.cfg.algorithm
-        return advantage_stage.compute_advantages(batch, alg, self.kl_ctrl, price)
+        return advantage_stage.compute_advantages(batch, self.cfg.algorithm, self.kl_ctrl, price)
 
     def validate(self, step: int) -> dict[str, float]:
         """Same tasks and settings as ``toolgrpo eval`` (trainer/validation.py)."""
