@@ -87,29 +87,30 @@ VAL_KEY = "val/all/accuracy"
 
 @dataclass(frozen=True)
 class Job:
-    """The main-job config every seed trains (and the env and unseen-tools evals read), and its
-    number of steps (the final checkpoint's)."""
+    """The main-job config every seed trains (and the env and unseen-tools evals read), its
+    number of steps (the final checkpoint's), and the overrides that make the RLLA eval score
+    its model (none for the default config, whose model the RLLA config already names)."""
 
     config: Path = CONFIG
     steps: int = STEPS
+    rlla: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, config: Path) -> Job:
         from omegaconf import OmegaConf
 
-        return cls(config.resolve(), int(OmegaConf.load(config).trainer.total_training_steps))
+        config = config.resolve()
+        cfg = OmegaConf.load(config)
+        rlla: tuple[str, ...] = ()
+        if config != CONFIG:
+            model = cfg.actor_rollout_ref.model
+            rlla = (f"actor_rollout_ref.model.path={model.path}",)
+            if model.get("adapter_path"):
+                rlla += (f"actor_rollout_ref.model.adapter_path={model.adapter_path}",)
+        return cls(config, int(cfg.trainer.total_training_steps), rlla)
 
     def rlla_model(self) -> list[str]:
-        """Overrides that make the RLLA eval score this config's model (none for the default)."""
-        if self.config == CONFIG:
-            return []
-        from omegaconf import OmegaConf
-
-        model = OmegaConf.load(self.config).actor_rollout_ref.model
-        out = [f"actor_rollout_ref.model.path={model.path}"]
-        if model.get("adapter_path"):
-            out.append(f"actor_rollout_ref.model.adapter_path={model.adapter_path}")
-        return out
+        return list(self.rlla)
 
     def label(self) -> str:
         inside = self.config.is_relative_to(ROOT)
