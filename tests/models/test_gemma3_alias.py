@@ -119,3 +119,33 @@ def test_gemma3_270m_resolves_and_writes_coherent_text():
         out = model.generate(**ids, max_new_tokens=12, do_sample=False)
     text = tok.decode(out[0, ids["input_ids"].shape[1] :])
     assert "The The The" not in text and "capital" in text, text
+
+
+def test_gemma3_agent_alias_ships_an_adapter_shaped_for_gemma3_270m():
+    """``gemma3-270m-agent`` is the base alias's GGUF, template and ``<bos>`` plus a shipped LoRA
+    adapter whose every tensor fits Gemma 3 270M (18 layers, hidden 640, MLP 2048, 4 query heads
+    and 1 key/value head of 256): the SmolLM2 adapter (30 layers, hidden 576) would fail here."""
+    import json
+
+    from safetensors import safe_open
+
+    base, agent = ALIASES["gemma3-270m"], ALIASES["gemma3-270m-agent"]
+    assert (agent.package, agent.gguf_file, agent.parts) == (base.package, base.gguf_file, base.parts)
+    assert (agent.chat_template, agent.add_bos) == (base.chat_template, base.add_bos)
+    d = ADAPTER_DIR / agent.adapter
+    cfg = json.loads((d / "adapter_config.json").read_text())
+    assert cfg["base_model_name_or_path"] == "gemma3-270m" and cfg["r"] == 16
+    hidden, mlp, q, kv = 640, 2048, 4 * 256, 256
+    ins = {"q_proj": hidden, "k_proj": hidden, "v_proj": hidden, "o_proj": q}
+    ins |= {"gate_proj": hidden, "up_proj": hidden, "down_proj": mlp}
+    outs = {"q_proj": q, "k_proj": kv, "v_proj": kv, "o_proj": hidden}
+    outs |= {"gate_proj": mlp, "up_proj": mlp, "down_proj": hidden}
+    assert set(cfg["target_modules"]) == set(ins)
+    with safe_open(str(d / "adapter_model.safetensors"), "pt") as f:
+        keys = list(f.keys())
+        assert len(keys) == 18 * len(ins) * 2
+        for k in keys:
+            layer, module = int(k.split(".layers.")[1].split(".")[0]), k.split(".")[-3]
+            assert 0 <= layer < 18, k
+            want = [16, ins[module]] if ".lora_A." in k else [outs[module], 16]
+            assert f.get_slice(k).get_shape() == want, k
