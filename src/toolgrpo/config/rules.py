@@ -207,6 +207,7 @@ TRAIN_RULES: dict[str, Any] = {
     _MT + "max_tool_retries": NONNEG,
     _MT + "max_negative_samples_per_group": Num(0, optional=True),  # null = no cap
     _MT + "rollback_mode": OneOf(ROLLBACK_MODES),
+    _MT + "schema_augmentation.prob": UNIT,
     _MT + "fission_group_size": Num(2),  # a group of one has no baseline
     _MT + "max_fission_forks_per_step": Num(0, optional=True),  # null = no cap
     _MT + "format": OneOf(_tool_formats),  # built in, or registered by a user's module
@@ -333,6 +334,7 @@ FREE_KEYS = frozenset(
         _R + "stop",  # checked in validate.py: non-empty strings
         _MT + "rollback_error_patterns",  # checked in validate.py: regexes
         _MT + "rollback_error_json_keys",  # any JSON key names
+        _MT + "schema_augmentation.task_types",  # checked against the data's (EpisodeRunner)
         _RO + "model_path",
         _RO + "adapter_path",
         _S + "type",  # a registered name or module:Class, checked by mixture.build_schedule

@@ -121,6 +121,16 @@ TOOL_CALL_FORMATS = ("hermes", "llama3_json", "mistral")
 
 
 @dataclass
+class SchemaAugmentationConfig:
+    """Training episodes offer their tools under drawn names, argument names and orders
+    (``toolgrpo.envs.schema_augment``); validation and eval keep the tools' own names."""
+
+    enable: bool = False
+    prob: float = 0.5  # share of training tasks (a task's whole group alike) renamed
+    task_types: list[str] = field(default_factory=list)  # [] = every task type with tools
+
+
+@dataclass
 class MultiTurnConfig:
     """Episodes with tool calls (``toolgrpo.rollout.multi_turn``). ``data.max_response_length``
     then bounds the whole episode after the prompt: every turn plus the tool results."""
@@ -149,6 +159,7 @@ class MultiTurnConfig:
     mask_truncated: bool = False
     # task_type -> {type: <env type, default the task type>, max_turns: N, <env options>...}
     envs: dict[str, Any] = field(default_factory=dict)
+    schema_augmentation: SchemaAugmentationConfig = field(default_factory=SchemaAugmentationConfig)
     # Tool rollback (toolgrpo.rollout.rollback): a turn whose tool results match is undone and
     # sampled again (retry), or kept and gone on from with the failing turn trained only as a
     # negative (relabel); no failed attempt goes untrained. fission (Fission-GRPO,

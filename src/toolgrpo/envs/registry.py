@@ -17,6 +17,7 @@ router is built (at startup, not per episode).
 
 from __future__ import annotations
 
+import copy
 import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ from toolgrpo.envs.base import Env
 from toolgrpo.envs.concurrency import EnvSlots, hold_slot
 
 EnvFactory = Callable[[Task, Mapping[str, Any]], Env]
+EnvHook = Callable[[Task, Env], Env]
 
 _REGISTRY: dict[str, EnvFactory] = {}
 # Built-in environment types and the modules that register them (imported on first use, so a
@@ -106,6 +108,7 @@ class EnvRouter:
     def __init__(self, specs: Mapping[str, Mapping[str, Any]] | None = None) -> None:
         self.specs: dict[str, EnvSpec] = dict(DEFAULT_SPECS)
         self._slots: dict[str, EnvSlots] = {}
+        self._hook: EnvHook | None = None
         for task_type, raw in (specs or {}).items():
             opts = dict(raw or {})
             env_type = str(opts.pop("type", task_type))
@@ -159,7 +162,15 @@ class EnvRouter:
         env = get_env_factory(spec.type)(task, spec.options)
         env.max_turns = spec.max_turns
         slots = self._slots.get(task.task_type)
-        return env if slots is None else hold_slot(env, slots)
+        env = env if slots is None else hold_slot(env, slots)
+        return env if self._hook is None else self._hook(task, env)
+
+    def with_hook(self, hook: EnvHook) -> EnvRouter:
+        """This router (its specs and concurrency slots shared) with ``hook(task, env)`` applied
+        to every environment it makes: training's schema augmentation (``envs.schema_augment``)."""
+        twin = copy.copy(self)
+        twin._hook = hook
+        return twin
 
 
 _UNSET = object()

@@ -14,7 +14,9 @@ import torch
 
 from toolgrpo.config.schema import TrainConfig
 from toolgrpo.data.task import Task
-from toolgrpo.envs.registry import EnvRouter
+from toolgrpo.envs.base import Env
+from toolgrpo.envs.registry import EnvConfigError, EnvRouter
+from toolgrpo.envs.schema_augment import augment, episode_rng
 from toolgrpo.rewards.scoring import finite_in_float32
 from toolgrpo.rewards.types import RllaFlags
 from toolgrpo.rollout.batcher import GenerationBatcher
@@ -77,7 +79,15 @@ class EpisodeRunner:
         """At startup: an environment for every task type, and one that can snapshot its state
         for every type that runs tools when rollback retries; when negatives are kept, a
         ``negative_reward`` no higher than any environment's lowest reward."""
-        self.router.check({t.task_type for t in tasks})
+        types = {t.task_type for t in tasks}
+        self.router.check(types)
+        aug = self.cfg.actor_rollout_ref.rollout.multi_turn.schema_augmentation
+        unknown = sorted(set(aug.task_types) - types) if aug.enable else []
+        if unknown:
+            raise EnvConfigError(
+                f"multi_turn.schema_augmentation.task_types names {', '.join(unknown)}, which no "
+                f"task of the data has (its task types: {', '.join(sorted(types))})"
+            )
         rb = self.rollback
         if rb is None:
             return
@@ -103,9 +113,11 @@ class EpisodeRunner:
         conditions: Sequence[Condition | None] | None = None,
     ) -> list[Episode]:
         """``params.n`` episodes per task, grouped by task; generation batched across them.
-        ``rollback=False`` (validation) plays the policy as is, even with rollback configured;
+        ``rollback=False`` (validation) plays the policy as is, even with rollback or schema
+        augmentation configured;
         ``conditions`` rewrite each episode's opening prompt (the router's routes)."""
         mt = self.cfg.actor_rollout_ref.rollout.multi_turn
+        router = self.training_router(step) if rollback else self.router
         batcher = GenerationBatcher(
             generator or self.generator,
             params,
@@ -116,7 +128,7 @@ class EpisodeRunner:
                 play_tasks(
                     tasks,
                     params.n,
-                    self.router,
+                    router,
                     batcher,
                     self.tokenizer,
                     self.limits,
@@ -129,6 +141,22 @@ class EpisodeRunner:
             )
         finally:
             batcher.close()
+
+    def training_router(self, step: int) -> EnvRouter:
+        """The router of training episodes: with ``multi_turn.schema_augmentation``, a share of
+        the tasks (drawn per task and step: a whole group alike) offer renamed tools."""
+        aug = self.cfg.actor_rollout_ref.rollout.multi_turn.schema_augmentation
+        if not aug.enable:
+            return self.router
+        seed, types = self.cfg.trainer.seed, set(aug.task_types)
+
+        def hook(task: Task, env: Env) -> Env:
+            if types and task.task_type not in types:
+                return env
+            rng = episode_rng(seed, step, task.task_id)
+            return augment(env, rng) if rng.random() < aug.prob else env
+
+        return self.router.with_hook(hook)
 
     def trainable(self, episodes: Sequence[Episode], step: int = 0) -> list[int]:
         """Indices of the episodes that train, after the step's environment failures are
