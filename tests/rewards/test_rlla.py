@@ -250,6 +250,11 @@ def test_parse_tool_calls() -> None:
         ("<|start_header_id|>assistant<|end_header_id|>\n\nA<|eot_id|>B", "A"),
         ("<|im_start|>assistant\nX<|start_header_id|>assistant<|end_header_id|>\n\nA", "A"),
         ("<|start_header_id|>assistant<|end_header_id|>\n\nA<|im_end|>", "A<|im_end|>"),
+        # Gemma: a user turn holds the system prompt (no system role), the model turn the answer
+        (
+            "<bos><start_of_turn>user\nS\n\nQ<end_of_turn>\n<start_of_turn>model\nA<end_of_turn>",
+            "A",
+        ),
     ],
 )
 def test_extract_answer(text: str, expected: str) -> None:

@@ -34,6 +34,10 @@ LLAMA_ASSISTANT = "<|start_header_id|>assistant<|end_header_id|>"
 LLAMA_END = "<|eot_id|>"
 CHATML_ASSISTANT = "<|im_start|>assistant"
 CHATML_END = "<|im_end|>"
+# Gemma's template (an addition to ToolRL's two): model turns open with this and end with
+# <end_of_turn>; without it a Gemma prompt+response had no marker and was scored whole.
+GEMMA_ASSISTANT = "<start_of_turn>model"
+GEMMA_END = "<end_of_turn>"
 
 TOOL_OPEN = "<tool_call>"
 TOOL_CLOSE = "</tool_call>"
@@ -81,16 +85,19 @@ def extract_answer(solution_str: str) -> str:
 
     Llama-3 (``<|start_header_id|>assistant<|end_header_id|>``, checked first): the text after
     the last marker, up to the first ``<|eot_id|>`` after it (or the end if there is none).
-    ChatML (``<|im_start|>assistant``): the same with ``<|im_end|>``. Without a start marker the
-    original still cut at its template's end token, so a bare response is cut at the first
-    ``<|eot_id|>`` if present, else at the first ``<|im_end|>``. The result is stripped. Other end
-    tokens (``<|endoftext|>``, ``</s>``, ...) are NOT removed, as in the original.
+    ChatML (``<|im_start|>assistant``): the same with ``<|im_end|>``; Gemma
+    (``<start_of_turn>model``, not in the original): with ``<end_of_turn>``. Without a start
+    marker the original still cut at its template's end token, so a bare response is cut at the
+    first ``<|eot_id|>`` if present, else at the first ``<|im_end|>``. The result is stripped.
+    Other end tokens (``<|endoftext|>``, ``</s>``, ...) are NOT removed, as in the original.
     """
     text = _require_str(solution_str, "solution_str")
     if LLAMA_ASSISTANT in text:
         text = text.rsplit(LLAMA_ASSISTANT, 1)[1].split(LLAMA_END, 1)[0]
     elif CHATML_ASSISTANT in text:
         text = text.rsplit(CHATML_ASSISTANT, 1)[1].split(CHATML_END, 1)[0]
+    elif GEMMA_ASSISTANT in text:
+        text = text.rsplit(GEMMA_ASSISTANT, 1)[1].split(GEMMA_END, 1)[0]
     elif LLAMA_END in text:
         text = text.split(LLAMA_END, 1)[0]
     else:
