@@ -6,8 +6,11 @@ import asyncio
 import json
 import random
 
-from toolgrpo.config.loader import load_config
+import pytest
+
+from toolgrpo.config.loader import ConfigError, load_config
 from toolgrpo.config.schema import TrainConfig
+from toolgrpo.config.validate import validate_train_config
 from toolgrpo.data.task import Task
 from toolgrpo.envs.registry import EnvRouter
 from toolgrpo.envs.schema_augment import (
@@ -129,7 +132,9 @@ def test_direct_env_without_tools_plays_as_it_is():
 def _runner(**aug) -> EpisodeRunner:
     key = "actor_rollout_ref.rollout.multi_turn.schema_augmentation"
     overrides = [f"{key}.{k}={v}" for k, v in aug.items()]
-    cfg = load_config(TrainConfig, None, overrides)
+    cfg = load_config(
+        TrainConfig, None, [*overrides, "actor_rollout_ref.rollout.multi_turn.enable=true"]
+    )
     return EpisodeRunner(cfg, None, None, EnvRouter())  # type: ignore[arg-type]
 
 
@@ -152,3 +157,13 @@ def test_training_router_renames_a_share_of_tasks_and_validation_none():
     assert _offered(on.router, tasks[0]) == {"calculate", "solve"}
     only_search = _runner(enable="true", prob=1.0, task_types="[search]")
     assert _offered(only_search.training_router(1), tasks[0]) == {"calculate", "solve"}
+
+
+def test_refused_without_tool_episodes_or_with_the_router():
+    key = "actor_rollout_ref.rollout.multi_turn."
+    on = f"{key}schema_augmentation.enable=true"
+    with pytest.raises(ConfigError, match="needs .*multi_turn.enable=true"):
+        validate_train_config(load_config(TrainConfig, None, [on]))
+    with pytest.raises(ConfigError, match="router.enable=true"):
+        cfg = load_config(TrainConfig, None, [on, f"{key}enable=true", "router.enable=true"])
+        validate_train_config(cfg)

@@ -160,6 +160,22 @@ def validate_train_config(cfg: TrainConfig) -> None:
     _check_rollout_only(cfg)
     _check_filter_groups(cfg)
     check_router_config(cfg)
+    _check_schema_augmentation(cfg)
+
+
+def _check_schema_augmentation(cfg: TrainConfig) -> None:
+    """Schema augmentation renames tools in multi-turn training episodes only, and the router
+    tells tool families apart by their names, so the two do not run together."""
+    key = "actor_rollout_ref.rollout.multi_turn."
+    if not cfg.actor_rollout_ref.rollout.multi_turn.schema_augmentation.enable:
+        return
+    if not cfg.actor_rollout_ref.rollout.multi_turn.enable:
+        raise ConfigError(f"{key}schema_augmentation needs {key}enable=true (tool episodes)")
+    if cfg.router.enable:
+        raise ConfigError(
+            f"{key}schema_augmentation renames tools, and router.enable=true tells tool families "
+            "apart by their names (which tools a route offers, what a call costs): turn one off"
+        )
 
 
 def _check_rollback(mt: MultiTurnConfig) -> None:
