@@ -18,6 +18,9 @@ without training or evaluating it again, and ``--report`` works from the kept co
 
 With ``--config`` the same job runs from another main-job config (another model): its steps are
 the config's ``trainer.total_training_steps``, and the RLLA eval scores that config's model.
+``--evals env`` (or any of ``env rlla schemas``) runs only those evals; the summary reports the
+evals it finds (a seed needs its held-out env eval; the RLLA and unseen-tools fields are left out
+of a seed without them).
 
 Writes ``benchmarks/results/main_job_seeds.json`` (+ ``.png``): per seed ``seed``, ``gain``,
 ``se``, ``z`` (held-out accuracy, points), ``rlla_before``, ``rlla_after``, ``rlla_diff``,
@@ -128,17 +131,28 @@ def eval_names(name: str) -> tuple[str, str, str]:
     return f"eval_env_{name}.json", f"eval_rlla_{name}.json", f"eval_schemas_{name}.json"
 
 
-def evaluated(work: Path, kept: Path | None, name: str) -> bool:
-    """Both evals of ``name`` are there, in the work directory or kept."""
+EVALS = ("env", "rlla", "schemas")  # eval_names' order
+
+
+def evaluated(work: Path, kept: Path | None, name: str, evals: tuple[str, ...] = EVALS) -> bool:
+    """The ``evals`` of ``name`` are there, in the work directory or kept."""
     at = finder(work, kept)
-    return all(at(n) is not None for n in eval_names(name))
+    names = zip(EVALS, eval_names(name), strict=True)
+    return all(at(n) is not None for e, n in names if e in evals)
 
 
 def evaluate(
-    work: Path, kept: Path, name: str, checkpoint: Path | None, log: Path, job: Job = Job()
+    work: Path,
+    kept: Path,
+    name: str,
+    checkpoint: Path | None,
+    log: Path,
+    job: Job = Job(),
+    evals: tuple[str, ...] = EVALS,
 ) -> None:
     """Held-out env eval (300 tasks, every episode kept), RLLA test eval (80 tasks) and the
-    unseen-tools eval (480), each run unless found in ``work`` or ``kept``, and kept."""
+    unseen-tools eval (480), those of ``evals`` each run unless found in ``work`` or ``kept``,
+    and kept."""
     ck = ["--checkpoint", str(checkpoint)] if checkpoint else []
     env, rlla, schemas = eval_names(name)
     runs = (
@@ -146,8 +160,8 @@ def evaluate(
         (rlla, "80", [str(RLLA_CONFIG), *job.rlla_model()]),
         (schemas, "240", [str(job.config), f"data.val_files=[{SCHEMAS}]"]),
     )
-    for rel, samples, config in runs:
-        if finder(work, kept)(rel) is None:
+    for kind, (rel, samples, config) in zip(EVALS, runs, strict=True):
+        if kind in evals and finder(work, kept)(rel) is None:
             out = str(work / rel)
             toolgrpo("eval", *ck, "--samples", samples, "--output", out, *config, log=log)
     keep_evals(work, kept, (env, rlla, schemas))
@@ -216,6 +230,26 @@ def training(metrics_jsonl: Path | None) -> dict:
     return out
 
 
+def rlla_fields(before: dict, after: dict) -> dict:
+    """The RLLA eval's paired comparison as a result row's fields (mean reward)."""
+    r = paired_values(before, after)
+    return {
+        "rlla_before": r["before"],
+        "rlla_after": r["after"],
+        "rlla_diff": r["diff"],
+        "rlla_se": r["diff_se_paired"],
+        "rlla_z": r["z"],
+    }
+
+
+def pooled_rlla(diffs: list[float]) -> dict:
+    """The seeds' mean RLLA difference and its SE between seeds (none without RLLA evals)."""
+    if not diffs:
+        return {}
+    between = stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else None
+    return {"rlla_diff": fmean(diffs), "rlla_se_between_seeds": between}
+
+
 def machine() -> dict:
     import torch
 
@@ -234,27 +268,24 @@ def summarize(work: Path, seeds: list[int], kept: Path | None = None, job: Job =
     left out)."""
     at = finder(work, kept)
     base_env, base_rlla, base_schemas = (at(n) for n in eval_names("warmstart"))
-    assert base_env and base_rlla, f"{work} (and {kept}) hold no warm-start evals"
+    assert base_env, f"{work} (and {kept}) hold no warm-start env eval"
     before = load_outcomes(base_env)
-    rlla_before = load_single_turn(base_rlla)
+    rlla_before = load_single_turn(base_rlla) if base_rlla else None
     rows, per_task = [], {}
     schema_cells: dict[str, dict[str, list[float]]] = {m: {} for m in SCHEMA_MEASURES}
     for s in seeds:
         env, rlla, schemas = (at(n) for n in eval_names(f"seed_{s}"))
-        if env is None or rlla is None:  # a seed kept from before the unseen-tools eval has none
+        if env is None:  # not evaluated yet
             continue
         after = load_outcomes(env)
         p = paired(before, after, "accuracy")
-        r = paired_values(rlla_before, load_single_turn(rlla))
         rows.append(
             {
                 "seed": s,
                 **gain_fields(p),
-                "rlla_before": r["before"],
-                "rlla_after": r["after"],
-                "rlla_diff": r["diff"],
-                "rlla_se": r["diff_se_paired"],
-                "rlla_z": r["z"],
+                **(
+                    rlla_fields(rlla_before, load_single_turn(rlla)) if rlla_before and rlla else {}
+                ),
                 **(
                     schema_fields(base_schemas, schemas, schema_cells)
                     if base_schemas and schemas
@@ -296,12 +327,7 @@ def summarize(work: Path, seeds: list[int], kept: Path | None = None, job: Job =
             "z_conservative": m / se_sum if se_sum > 0 else float("nan"),
             "se_over_tasks": se_tasks,
             "se_between_seeds": se_seeds if len(gains) > 1 else None,
-            "rlla_diff": fmean(r["rlla_diff"] for r in rows),
-            "rlla_se_between_seeds": (
-                stdev(r["rlla_diff"] for r in rows) / math.sqrt(len(rows))
-                if len(rows) > 1
-                else None
-            ),
+            **pooled_rlla([r["rlla_diff"] for r in rows if "rlla_diff" in r]),
             **pooled_schemas([r for r in rows if "schemas_diff" in r], schema_cells),
         }
     out["machine"] = machine()
@@ -324,7 +350,13 @@ def plot(result: dict, path: Path) -> None:
     a1.axhline(0, color="grey", lw=0.8)
     a1.set_title("held-out accuracy gain (points, ±2 paired SE)")
     a1.set_xlabel("seed")
-    a2.errorbar(xs, [r["rlla_diff"] for r in rows], yerr=[2 * r["rlla_se"] for r in rows], fmt="o")
+    with_rlla = [r for r in rows if "rlla_diff" in r]
+    a2.errorbar(
+        [str(r["seed"]) for r in with_rlla],
+        [r["rlla_diff"] for r in with_rlla],
+        yerr=[2 * r["rlla_se"] for r in with_rlla],
+        fmt="o",
+    )
     a2.axhline(0, color="grey", lw=0.8)
     a2.set_title("RLLA test reward, after − before (±2 SE)")
     a2.set_xlabel("seed")
@@ -339,6 +371,14 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--work", type=Path, default=ROOT / "outputs" / "main_job_seeds")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "main_job_seeds")
     ap.add_argument("--report", action="store_true", help="summarize what is there; run nothing")
+    ap.add_argument(
+        "--evals",
+        nargs="+",
+        choices=EVALS,
+        default=list(EVALS),
+        help="the evals to run (held-out env, RLLA forgetting check, unseen tools); the summary "
+        "reports those found",
+    )
     ap.add_argument("overrides", nargs="*", help="key=value for every training run (not evals)")
     args = ap.parse_args(argv)
     work, kept, job = args.work, kept_dir(args.out), Job.of(args.config)
@@ -352,11 +392,12 @@ def main(argv: list[str]) -> None:
             [work, kept],
             {"overrides.json": json.dumps(args.overrides), "config.sha256": digest + "\n"},
         )
-        evaluate(work, kept, "warmstart", None, log, job)
+        evals = tuple(args.evals)
+        evaluate(work, kept, "warmstart", None, log, job, evals)
         for s in args.seeds:
-            if not evaluated(work, kept, f"seed_{s}"):  # a kept seed is done
+            if not evaluated(work, kept, f"seed_{s}", evals):  # a kept seed is done
                 ck = run_seed(work, s, args.overrides, log, job)
-                evaluate(work, kept, f"seed_{s}", ck, log, job)
+                evaluate(work, kept, f"seed_{s}", ck, log, job, evals)
             keep_evals(work, kept, eval_names(f"seed_{s}"))  # evals of an earlier session too
             keep_metrics(work, kept, s, job)
             write(summarize(work, args.seeds, kept, job), args.out)  # each seed as it lands
@@ -369,10 +410,16 @@ def write(result: dict, out: Path) -> None:
     if result["seeds"]:
         plot(result, out.with_suffix(".png"))
     for r in result["seeds"]:
+        rlla = (
+            f"; RLLA reward {r['rlla_before']:.3f} -> {r['rlla_after']:.3f} "
+            f"({r['rlla_diff']:+.3f} ± {r['rlla_se']:.3f})"
+            if "rlla_diff" in r
+            else ""
+        )
         print(
             f"seed {r['seed']}: {r['before']:.1f} -> {r['after']:.1f} %, gain {r['gain']:+.1f} "
-            f"± {r['se']:.1f} (z {r['z']:.1f}); RLLA reward {r['rlla_before']:.3f} -> "
-            f"{r['rlla_after']:.3f} ({r['rlla_diff']:+.3f} ± {r['rlla_se']:.3f})"
+            f"± {r['se']:.1f} (z {r['z']:.1f})"
+            + rlla
             + "; unseen tools "
             + ", ".join(
                 f"{m} {r['schemas_before'][m]:.1f} -> {r['schemas_after'][m]:.1f} %"

@@ -206,23 +206,15 @@ def test_two_way_se_is_exact_without_interaction_and_unbiased_under_the_model():
     assert fmean(summed) / true > 1.1
 
 
-def test_another_config_trains_its_own_steps_and_the_rlla_eval_scores_its_model(
-    tmp_path, monkeypatch
-):
-    """``--config``: every seed trains that config to its own last step, the env and unseen-tools
-    evals read it, and the RLLA eval scores its model (path and adapter), not SmolLM2's."""
-    text = mjs.CONFIG.read_text()
-    text = text.replace("total_training_steps: 16", "total_training_steps: 3")
-    text = text.replace("path: smollm2-135m-agent", "path: other-model\n    adapter_path: ad/x")
-    config = tmp_path / "agent_other.yaml"
-    config.write_text(text)
-    calls: list[tuple[str, ...]] = []
+def _fake_cli(calls: list[tuple[str, ...]], steps: int):
+    """``toolgrpo`` as the benchmark calls it: a train run writes its last checkpoint and
+    metrics; an eval writes its JSON (the trained model solves more held-out tasks)."""
 
     def fake(*args: str, log: Path) -> None:
         calls.append(args)
         if args[0] == "train":
             run = Path(next(a for a in args if a.startswith("trainer.output_dir=")).split("=")[1])
-            ck = run / "checkpoints" / "global_step_3"
+            ck = run / "checkpoints" / f"global_step_{steps}"
             ck.mkdir(parents=True)
             (ck / "trainer_state.json").write_text("{}")
             rows = [{"step": i, "timing/step_s": 5.0, "perf/peak_rss_gb": g}
@@ -238,7 +230,26 @@ def test_another_config_trains_its_own_steps_and_the_rlla_eval_scores_its_model(
         else:
             _schemas(out, {0, 1}, {0})
 
-    monkeypatch.setattr(mjs, "toolgrpo", fake)
+    return fake
+
+
+def _other_config(tmp_path: Path) -> Path:
+    text = mjs.CONFIG.read_text()
+    text = text.replace("total_training_steps: 16", "total_training_steps: 3")
+    text = text.replace("path: smollm2-135m-agent", "path: other-model\n    adapter_path: ad/x")
+    config = tmp_path / "agent_other.yaml"
+    config.write_text(text)
+    return config
+
+
+def test_another_config_trains_its_own_steps_and_the_rlla_eval_scores_its_model(
+    tmp_path, monkeypatch
+):
+    """``--config``: every seed trains that config to its own last step, the env and unseen-tools
+    evals read it, and the RLLA eval scores its model (path and adapter), not SmolLM2's."""
+    config = _other_config(tmp_path)
+    calls: list[tuple[str, ...]] = []
+    monkeypatch.setattr(mjs, "toolgrpo", _fake_cli(calls, 3))
     monkeypatch.setattr(mjs, "plot", lambda result, path: None)
     out = tmp_path / "results" / "main_job_other"
     mjs.main(["--config", str(config), "--seeds", "0", "--work", str(tmp_path / "w"),
@@ -263,3 +274,23 @@ def test_another_config_trains_its_own_steps_and_the_rlla_eval_scores_its_model(
     env = [c for c in calls if c[0] == "eval" and "eval_env" in " ".join(c)]
     assert all(str(config) in c for c in env) and len(env) == 2
     assert mjs.Job().rlla_model() == []  # the default config's RLLA eval is unchanged
+
+
+def test_evals_env_runs_the_held_out_eval_alone_and_reports_without_rlla(tmp_path, monkeypatch):
+    """``--evals env``: no RLLA or unseen-tools eval runs; each seed reports its held-out gain
+    and training, without RLLA or schemas fields."""
+    config = _other_config(tmp_path)
+    calls: list[tuple[str, ...]] = []
+    monkeypatch.setattr(mjs, "toolgrpo", _fake_cli(calls, 3))
+    monkeypatch.setattr(mjs, "plot", lambda result, path: None)
+    out = tmp_path / "results" / "main_job_other"
+    mjs.main(["--config", str(config), "--seeds", "0", "1", "--work", str(tmp_path / "w"),
+              "--out", str(out), "--evals", "env"])  # fmt: skip
+    evals = [" ".join(c) for c in calls if c[0] == "eval"]
+    assert len(evals) == 3 and all("eval_env_" in c for c in evals)
+    result = json.loads(out.with_suffix(".json").read_text())
+    assert [r["seed"] for r in result["seeds"]] == [0, 1]
+    for r in result["seeds"]:
+        assert r["gain"] == pytest.approx(15.0) and r["training"]["peak_rss_gb"] == 3.25
+        assert not any(k.startswith(("rlla", "schemas")) for k in r)
+    assert "rlla_diff" not in result["pooled"] and result["pooled"]["seeds"] == 2
