@@ -14,6 +14,14 @@ import toolgrpo
 
 RLLA_COMMAND = "bash scripts/make_warmstart.sh  (toolgrpo sft configs/sft_smollm2_toolrl.yaml)"
 RLLA_DATA = "rlla:sft (embedded RLLA SFT rows, RL-convention targets, test-split row removed)"
+RLLA_KEYS = (
+    "num_tasks",
+    "reward_mean",
+    "format_mean",
+    "correctness_mean",
+    "format_rate",
+    "exact_call_rate",
+)
 EPISODE_KEYS = ("episodes", "accuracy", "accuracy_se", "tool_call_rate", "calls_per_episode")
 
 
@@ -42,17 +50,9 @@ def main(run_dir: str, command: str = RLLA_COMMAND, data: str = RLLA_DATA) -> No
         "steps": sft["steps"],
         "loss_first": losses[0] if losses else None,
         "loss_final": sft["final_loss"],
-        "eval_rlla_test": {
-            k: ev.get(k)
-            for k in (
-                "num_tasks",
-                "reward_mean",
-                "format_mean",
-                "correctness_mean",
-                "format_rate",
-                "exact_call_rate",
-            )
-        },
+        "eval_rlla_test": (
+            {k: ev.get(k) for k in RLLA_KEYS} if ev else None  # None: not evaluated
+        ),
         "eval_env_test": episode_eval(d / "eval_env_test.json"),
         "versions": {
             "toolgrpo": toolgrpo.__version__,
