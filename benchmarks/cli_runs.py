@@ -45,3 +45,20 @@ def cpu_flags() -> list[str]:
     line = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
     words = set(line.split(":", 1)[-1].split())
     return [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile") if f in words]
+
+
+def machine() -> dict:
+    """The machine a benchmark's numbers were made on: CPU flags, the compute dtype
+    ``dtype: auto`` picks here, cores and torch."""
+    import os
+
+    import torch
+
+    from toolgrpo.models.loading import compute_dtype
+
+    return {
+        "cpu_flags": cpu_flags(),
+        "dtype": str(compute_dtype("auto", torch.device("cpu"))).replace("torch.", ""),
+        "cores": os.cpu_count(),
+        "torch": torch.__version__,
+    }

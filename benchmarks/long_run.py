@@ -32,9 +32,10 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cli_runs import toolgrpo  # noqa: E402
+from cli_runs import machine, toolgrpo  # noqa: E402
 from kept import finder, keep_evals, keep_file, kept_dir, pin  # noqa: E402
-from main_job_seeds import RLLA_CONFIG, gain_fields, machine, train_run  # noqa: E402
+from main_job_seeds import RLLA_CONFIG, train_run  # noqa: E402
+from seed_stats import gain_fields  # noqa: E402
 
 from toolgrpo.eval.paired import load_outcomes, load_single_turn, paired, paired_values  # noqa: E402
 

@@ -36,18 +36,16 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import math
-import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from statistics import fmean, stdev
+from statistics import fmean
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cli_runs import cpu_flags, toolgrpo  # noqa: E402
+from cli_runs import machine, toolgrpo  # noqa: E402
 from kept import (  # noqa: E402
     finder,
     keep_evals,
@@ -57,7 +55,12 @@ from kept import (  # noqa: E402
     step_means,
     write_atomic,
 )
-from seed_stats import two_way_se  # noqa: E402
+from seed_stats import (  # noqa: E402
+    gain_fields,
+    pooled_gain,
+    pooled_rlla,
+    rlla_fields,
+)
 from unseen_tools import SCHEMA_MEASURES, SCHEMAS, pooled_schemas, schema_fields  # noqa: E402
 
 from toolgrpo.eval.paired import (  # noqa: E402
@@ -189,21 +192,6 @@ def run_seed(work: Path, seed: int, extra: list[str], log: Path, job: Job = Job(
     return train_run(work / f"seed_{seed}", job.config, seed, job.steps, extra, log)
 
 
-def gain_fields(p: dict) -> dict:
-    """A paired held-out comparison (``paired(...)``) as a result row's fields, in points."""
-    a = p["all"]
-    return {
-        "gain": 100 * a["diff"],
-        "se": 100 * a["diff_se_paired"],
-        "z": a["z"],
-        "before": 100 * a["before"],
-        "after": 100 * a["after"],
-        "up": a["up"],
-        "down": a["down"],
-        "by_type": {k: 100 * v["diff"] for k, v in p.items() if k != "all"},
-    }
-
-
 def metrics_name(seed: int) -> str:
     return f"seed_{seed}/metrics.jsonl"
 
@@ -230,39 +218,6 @@ def training(metrics_jsonl: Path | None) -> dict:
     return out
 
 
-def rlla_fields(before: dict, after: dict) -> dict:
-    """The RLLA eval's paired comparison as a result row's fields (mean reward)."""
-    r = paired_values(before, after)
-    return {
-        "rlla_before": r["before"],
-        "rlla_after": r["after"],
-        "rlla_diff": r["diff"],
-        "rlla_se": r["diff_se_paired"],
-        "rlla_z": r["z"],
-    }
-
-
-def pooled_rlla(diffs: list[float]) -> dict:
-    """The seeds' mean RLLA difference and its SE between seeds (none without RLLA evals)."""
-    if not diffs:
-        return {}
-    between = stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else None
-    return {"rlla_diff": fmean(diffs), "rlla_se_between_seeds": between}
-
-
-def machine() -> dict:
-    import torch
-
-    from toolgrpo.models.loading import compute_dtype
-
-    return {
-        "cpu_flags": cpu_flags(),
-        "dtype": str(compute_dtype("auto", torch.device("cpu"))).replace("torch.", ""),
-        "cores": os.cpu_count(),
-        "torch": torch.__version__,
-    }
-
-
 def summarize(work: Path, seeds: list[int], kept: Path | None = None, job: Job = Job()) -> dict:
     """The result from the evals in ``work``, or kept in ``kept`` (seeds without both evals
     left out)."""
@@ -284,7 +239,9 @@ def summarize(work: Path, seeds: list[int], kept: Path | None = None, job: Job =
                 "seed": s,
                 **gain_fields(p),
                 **(
-                    rlla_fields(rlla_before, load_single_turn(rlla)) if rlla_before and rlla else {}
+                    rlla_fields(paired_values(rlla_before, load_single_turn(rlla)))
+                    if rlla_before and rlla
+                    else {}
                 ),
                 **(
                     schema_fields(base_schemas, schemas, schema_cells)
@@ -305,28 +262,8 @@ def summarize(work: Path, seeds: list[int], kept: Path | None = None, job: Job =
         "seeds": rows,
     }
     if rows:
-        # Two sources of error in the mean gain: which tasks and which seeds (a shift shared by
-        # all tasks). ``se`` is the crossed two-way random-effects SE (tasks x seeds, one outcome
-        # a cell); ``se_conservative`` adds the SE over tasks of the seed-averaged gains and the
-        # SE of the seeds' gains, which counts the seed-by-task noise twice.
-        full = [v for v in per_task.values() if len(v) == len(rows)]
-        means = [fmean(v) for v in full]
-        m = 100 * fmean(means)
-        se_tasks = 100 * stdev(means) / math.sqrt(len(means)) if len(means) > 1 else float("nan")
-        gains = [r["gain"] for r in rows]
-        se_seeds = stdev(gains) / math.sqrt(len(gains)) if len(gains) > 1 else 0.0
-        se_sum = math.sqrt(se_tasks**2 + se_seeds**2)
-        se = 100 * two_way_se(full) if len(rows) > 1 and len(full) > 1 else se_sum
         out["pooled"] = {
-            "seeds": len(rows),
-            "tasks": len(means),
-            "gain": m,
-            "se": se,
-            "z": m / se if se > 0 else float("nan"),
-            "se_conservative": se_sum,
-            "z_conservative": m / se_sum if se_sum > 0 else float("nan"),
-            "se_over_tasks": se_tasks,
-            "se_between_seeds": se_seeds if len(gains) > 1 else None,
+            **pooled_gain(rows, per_task),
             **pooled_rlla([r["rlla_diff"] for r in rows if "rlla_diff" in r]),
             **pooled_schemas([r for r in rows if "schemas_diff" in r], schema_cells),
         }

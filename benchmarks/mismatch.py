@@ -171,7 +171,7 @@ def main(argv: list[str]) -> None:
             flush=True,
         )
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from main_job_seeds import machine
+    from cli_runs import machine
 
     result = {
         "config": str(CONFIG.relative_to(ROOT)),

@@ -18,8 +18,8 @@ from statistics import fmean, median, stdev
 from typing import Any
 
 from behaviour import arm_behaviour, eval_behaviour
+from cli_runs import machine
 from kept import finder
-from main_job_seeds import machine
 from mixture_teacher_arms import ACTOR, ARMS, CONFIG, RECIPE, REFERENCES, ROOT, TEACHER
 
 from toolgrpo.eval.episodes import success_threshold

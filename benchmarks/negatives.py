@@ -45,7 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cli_runs import ONE_BATCH, toolgrpo  # noqa: E402
+from cli_runs import ONE_BATCH, machine, toolgrpo  # noqa: E402
 from kept import (  # noqa: E402
     finder,
     keep_evals,
@@ -56,7 +56,6 @@ from kept import (  # noqa: E402
     training_steps,
     write_atomic,
 )
-from main_job_seeds import machine  # noqa: E402
 from negatives_stats import (  # noqa: E402, F401 (Outcome, Values: read by its tests)
     Outcome,
     Values,

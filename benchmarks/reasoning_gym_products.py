@@ -27,8 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from cli_runs import toolgrpo  # noqa: E402
-from main_job_seeds import machine  # noqa: E402
+from cli_runs import machine, toolgrpo  # noqa: E402
 
 from toolgrpo.eval.paired import load_outcomes, paired  # noqa: E402
 

@@ -18,6 +18,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 import main_job_seeds as mjs  # noqa: E402
 from main_job_seeds import summarize  # noqa: E402
+from seed_stats import two_way_se  # noqa: E402
 
 TYPES = ("calculator", "search")
 
@@ -186,7 +187,7 @@ def test_two_way_se_is_exact_without_interaction_and_unbiased_under_the_model():
     t_means = [fmean(r) for r in cells]
     s_means = [fmean(r[j] for r in cells) for j in range(3)]
     want = stdev(t_means) ** 2 / 5 + stdev(s_means) ** 2 / 3
-    assert math.isclose(mjs.two_way_se(cells) ** 2, want)
+    assert math.isclose(two_way_se(cells) ** 2, want)
     # under d = a_task + u_seed + e, the mean of the estimated variance matches the spread of
     # the grand mean over repeats (the summed SE overshoots by var(e) / (S T))
     rng, n_t, n_s = random.Random(0), 40, 3
@@ -196,7 +197,7 @@ def test_two_way_se_is_exact_without_interaction_and_unbiased_under_the_model():
         u = [rng.gauss(0, 0.3) for _ in range(n_s)]
         cells = [[a[i] + u[j] + rng.gauss(0, 1.5) for j in range(n_s)] for i in range(n_t)]
         grand.append(fmean(x for r in cells for x in r))
-        est.append(mjs.two_way_se(cells) ** 2)
+        est.append(two_way_se(cells) ** 2)
         tm = [fmean(r) for r in cells]
         sm = [fmean(r[j] for r in cells) for j in range(n_s)]
         summed.append(stdev(tm) ** 2 / n_t + stdev(sm) ** 2 / n_s)
