@@ -135,3 +135,44 @@ def pin(dirs: Sequence[Path], setting: dict[str, str]) -> None:
     for d in dirs:
         for name, text in setting.items():
             write_atomic(d / name, text)
+
+
+def setting_digest(config: Path, overrides: Sequence[str]) -> str:
+    """The sha256 of a config file as ``key=value`` overrides leave it (its YAML tree, keys
+    sorted): a value written in the file or given on the command line is one setting, so a
+    config that adopts an override keeps the runs made with it; comments and key order do not
+    count. Library defaults are not part of it (a key the file does not set)."""
+    import hashlib
+
+    from omegaconf import OmegaConf
+
+    tree = OmegaConf.merge(OmegaConf.load(config), OmegaConf.from_dotlist(list(overrides)))
+    text = json.dumps(OmegaConf.to_container(tree), sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def pin_setting(dirs: Sequence[Path], config: Path, overrides: Sequence[str]) -> None:
+    """:func:`pin` the setting of ``config`` + ``overrides`` (``setting.sha256``) in ``dirs``,
+    and record the overrides (``overrides.json``) where none are recorded. A directory from
+    before the setting's hash (``config.sha256``, the file's bytes, and ``overrides.json``) is
+    checked the old way, then given the new hash."""
+    import hashlib
+
+    digest = setting_digest(config, overrides)
+    file_digest = hashlib.sha256(config.read_bytes()).hexdigest()
+    for d in dirs:
+        legacy = d / "config.sha256"
+        if legacy.is_file() and not (d / "setting.sha256").is_file():
+            pin(
+                [d],
+                {
+                    "config.sha256": file_digest + "\n",
+                    "overrides.json": json.dumps(list(overrides)),
+                },
+            )
+            write_atomic(d / "setting.sha256", digest + "\n")
+            legacy.unlink()
+    pin(dirs, {"setting.sha256": digest + "\n"})
+    for d in dirs:
+        if not (d / "overrides.json").is_file():
+            write_atomic(d / "overrides.json", json.dumps(list(overrides)))

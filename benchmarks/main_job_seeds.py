@@ -6,10 +6,12 @@ changed; the task order follows the seed), then the final checkpoint is scored w
 ``toolgrpo eval`` on all 300 held-out calculator/search/direct tasks and on ToolRL's 80 RLLA
 test tasks (single-turn, another format: the forgetting check), each paired by task with the
 warm start. Finished pieces are reused, so an interrupted run resumes where it stopped; one
-``--work`` holds one setting (its overrides are kept in ``overrides.json``, the config's hash in
-``config.sha256``, both checked). Each eval (without its episodes' text) and those two files are
-also kept in git, in ``benchmarks/results/<out>_kept/``: a later checkout reuses a kept seed
-without training or evaluating it again, and ``--report`` works from the kept copies alone.
+``--work`` holds one setting: the hash of the config file as the overrides leave it
+(``setting.sha256``) is checked, so a value in the file or on the command line is the same
+setting; the overrides the runs were trained with are in ``overrides.json``. Each eval (without
+its episodes' text) and those files are also kept in git, in ``benchmarks/results/<out>_kept/``:
+a later checkout reuses a kept seed without training or evaluating it again, and ``--report``
+works from the kept copies alone.
 
     python benchmarks/main_job_seeds.py --seeds 0 1 2            # ~30 min a seed on 2 cores
     python benchmarks/main_job_seeds.py --seeds 0 1 2 --report   # only re-read what is there
@@ -34,7 +36,6 @@ seeds); ``machine``.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import sys
 from dataclasses import dataclass
@@ -51,7 +52,7 @@ from kept import (  # noqa: E402
     keep_evals,
     keep_file,
     kept_dir,
-    pin,
+    pin_setting,
     step_means,
     write_atomic,
 )
@@ -322,13 +323,9 @@ def main(argv: list[str]) -> None:
     work.mkdir(parents=True, exist_ok=True)
     log = work / "log.txt"
     if not args.report:
-        # The overrides, and the config file itself (it can change between invocations: a new
-        # default) by its hash: runs (and kept evals) of another setting are not reused.
-        digest = hashlib.sha256(job.config.read_bytes()).hexdigest()
-        pin(
-            [work, kept],
-            {"overrides.json": json.dumps(args.overrides), "config.sha256": digest + "\n"},
-        )
+        # The config file as the overrides leave it, by its hash (the file can change between
+        # invocations: a new default): runs (and kept evals) of another setting are not reused.
+        pin_setting([work, kept], job.config, args.overrides)
         evals = tuple(args.evals)
         evaluate(work, kept, "warmstart", None, log, job, evals)
         for s in args.seeds:

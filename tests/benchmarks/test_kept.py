@@ -92,6 +92,38 @@ def test_a_directory_holds_one_setting(tmp_path):
     assert not (tmp_path / "new").exists() and not (tmp_path / "new2").exists()  # checked first
 
 
+def test_a_value_in_the_file_or_on_the_command_line_is_one_setting(tmp_path):
+    """A config that adopts an override keeps the runs made with it: the setting is the file's
+    tree as the overrides leave it (comments, key order and where a value is written do not
+    count); another value is another setting."""
+    import hashlib
+
+    old, new = tmp_path / "old.yaml", tmp_path / "new.yaml"
+    old.write_text("trainer:\n  seed: 0  # a comment\ndata:\n  train_files: [a, b]\n")
+    new.write_text("data:\n  train_files: [a, b, 'c?style=x&n=1']\ntrainer:\n  seed: 0\n")
+    adopted = ["data.train_files=[a,b,c?style=x&n=1]"]
+    assert kept.setting_digest(old, adopted) == kept.setting_digest(new, [])
+    assert kept.setting_digest(old, []) != kept.setting_digest(new, [])
+    assert kept.setting_digest(new, ["trainer.seed=1"]) != kept.setting_digest(new, [])
+    work, kdir = tmp_path / "work", tmp_path / "kept"
+    kept.pin_setting([work, kdir], old, adopted)  # trained with the override...
+    kept.pin_setting([tmp_path / "w2", kdir], new, [])  # ... reused once the file says it
+    assert json.loads((kdir / "overrides.json").read_text()) == adopted  # as trained
+    with pytest.raises(SystemExit, match="another setting"):
+        kept.pin_setting([tmp_path / "w3", kdir], old, [])
+    # a directory pinned before the setting's hash: checked by the file's hash and overrides
+    legacy = tmp_path / "legacy"
+    legacy.mkdir()
+    (legacy / "config.sha256").write_text(hashlib.sha256(old.read_bytes()).hexdigest() + "\n")
+    (legacy / "overrides.json").write_text(json.dumps(adopted))
+    with pytest.raises(SystemExit, match="config.sha256"):
+        kept.pin_setting([legacy], new, [])  # another file: refused, nothing rewritten
+    assert (legacy / "config.sha256").is_file() and not (legacy / "setting.sha256").exists()
+    kept.pin_setting([legacy], old, adopted)
+    assert not (legacy / "config.sha256").exists()
+    kept.pin_setting([legacy], new, [])  # upgraded: the adopted config reuses it
+
+
 def test_kept_copies_are_never_written_through_a_link(tmp_path):
     """A link at the kept copy, or at its old temporary's name (``.NAME.PID.tmp``), is never
     written through (the temporary's name was predictable and opened by following links)."""

@@ -160,7 +160,7 @@ def test_a_checkout_with_only_the_kept_copies_resumes_and_reports_the_same(tmp_p
     kept = tmp_path / "results" / "main_job_seeds_kept"
     names = sorted(p.name for p in kept.iterdir())
     evals = [p.name for p in work.glob("e*")]
-    assert names == sorted(["config.sha256", "overrides.json", "seed_0", *evals])
+    assert names == sorted(["setting.sha256", "overrides.json", "seed_0", *evals])
     assert "big" not in (kept / "seed_0" / "metrics.jsonl").read_text()
     t0 = full["seeds"][0]["training"]
     assert t0 == {"timing/step_s": 61.5, "rollout/mismatch_kl": 1e-3,
@@ -174,7 +174,7 @@ def test_a_checkout_with_only_the_kept_copies_resumes_and_reports_the_same(tmp_p
     assert mjs.summarize(tmp_path / "empty", [0, 1], kept) == mjs.summarize(work, [0, 1])
     with pytest.raises(SystemExit, match="another setting"):  # kept runs of other overrides
         run(tmp_path / "other", "actor_rollout_ref.actor.optim.lr=1e-4")
-    (kept / "config.sha256").write_text("0" * 64 + "\n")  # ... or of another config
+    (kept / "setting.sha256").write_text("0" * 64 + "\n")  # ... or of another config
     with pytest.raises(SystemExit, match="another setting"):
         run(tmp_path / "other2", lr)
 
