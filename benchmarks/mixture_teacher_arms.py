@@ -57,6 +57,9 @@ RL_ARMS = tuple(a for a in ARMS if a != "sft_teacher")
 STEPS = 16
 SFT_BATCH = 8
 REFERENCES = {"actor_start": ACTOR, "teacher": TEACHER}
+# The three environment types the teacher plays (the main job's generated-tool tasks are left out:
+# the arms were measured without them, and the teacher's SFT data has none).
+IN_HOUSE = "data.train_files=[calculator:train,search:train,direct:train]"
 
 _MIXED_SHAPED = [
     "rollout_allocation_schedule.alpha=0.0",  # every group gets its fixed sample
@@ -88,6 +91,7 @@ _MIXTURE = {
 RECIPE_OVERRIDES = [
     f"actor_rollout_ref.model.path={ACTOR}",
     f"rollout_only.model_path={TEACHER}",
+    IN_HOUSE,
     ONE_BATCH,
     *_MIXTURE["guided"],
 ]
@@ -112,6 +116,7 @@ def arm_overrides(arm: str, steps: int) -> list[str]:
         "trainer.val_before_train=false",
         "trainer.test_freq=-1",
         "trainer.rollout_data_samples_per_step=-1",  # every episode: the SFT arm reads them
+        IN_HOUSE,
         ONE_BATCH,  # the mixture refuses dynamic sampling
     ]
     if arm == "actor_only":

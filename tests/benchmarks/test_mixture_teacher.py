@@ -37,6 +37,8 @@ def test_each_rl_arm_is_a_valid_command_line_of_the_main_job(arm, tmp_path):
     assert cfg.actor_rollout_ref.model.path == mt.ACTOR
     assert cfg.actor_rollout_ref.rollout.n == 4  # the same actor samples per task everywhere
     assert not cfg.algorithm.filter_groups.enable and cfg.trainer.test_freq == -1
+    # the environments the teacher plays, whatever else the main job's config trains on
+    assert cfg.data.train_files == ["calculator:train", "search:train", "direct:train"]
     ro, sc, a = cfg.rollout_only, cfg.rollout_allocation_schedule, cfg.actor_rollout_ref.actor
     assert a.use_kl_loss and a.kl_loss_coef == 0.1  # the main job's anchor, on actor rows
     if arm == "actor_only":
