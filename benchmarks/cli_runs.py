@@ -12,6 +12,9 @@ ROOT = Path(__file__).resolve().parents[1]
 # The main job samples dynamically; a benchmark whose runs were made one batch a step, or whose
 # system refuses dynamic sampling (the mixture), trains with this override.
 ONE_BATCH = "algorithm.filter_groups.enable=false"
+# The main job's three environment types without its generated-tool tasks: a benchmark measured
+# on them (the mixture's, whose fixed policies play only the environments) names them.
+IN_HOUSE = "data.train_files=[calculator:train,search:train,direct:train]"
 
 
 def toolgrpo(*args: str, log: Path) -> None:

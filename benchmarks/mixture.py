@@ -45,7 +45,7 @@ from rich.table import Table  # noqa: E402
 from toolgrpo.eval.paired import format_rows, load_outcomes, paired  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cli_runs import ONE_BATCH, cpu_flags  # noqa: E402
+from cli_runs import IN_HOUSE, ONE_BATCH, cpu_flags  # noqa: E402
 from cli_runs import run_timed as _run  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -256,7 +256,12 @@ def main(argv: list[str]) -> None:
         ap.error(f"unknown run(s) {unknown}; known: {', '.join(RUNS)}")
     work = args.work
     work.mkdir(parents=True, exist_ok=True)
-    common = [f"trainer.total_training_steps={args.steps}", "trainer.resume=disable", ONE_BATCH]
+    common = [
+        f"trainer.total_training_steps={args.steps}",
+        "trainer.resume=disable",
+        IN_HOUSE,
+        ONE_BATCH,
+    ]
     common += ["trainer.overwrite_output_dir=true", "trainer.logger=[jsonl]", *extra]
     # actor_only's last policy as base + its LoRA adapter: the same weights as the checkpoint's
     # merged model/, on the base the actor's vLLM engine already serves.

@@ -31,7 +31,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from cli_runs import ONE_BATCH
+from cli_runs import IN_HOUSE, ONE_BATCH
 
 from toolgrpo.eval.episodes import success_threshold
 
@@ -57,9 +57,6 @@ RL_ARMS = tuple(a for a in ARMS if a != "sft_teacher")
 STEPS = 16
 SFT_BATCH = 8
 REFERENCES = {"actor_start": ACTOR, "teacher": TEACHER}
-# The three environment types the teacher plays (the main job's generated-tool tasks are left out:
-# the arms were measured without them, and the teacher's SFT data has none).
-IN_HOUSE = "data.train_files=[calculator:train,search:train,direct:train]"
 
 _MIXED_SHAPED = [
     "rollout_allocation_schedule.alpha=0.0",  # every group gets its fixed sample
