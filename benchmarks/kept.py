@@ -11,6 +11,7 @@ A piece is looked up in the work directory first, then among the kept copies
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -142,8 +143,6 @@ def setting_digest(config: Path, overrides: Sequence[str]) -> str:
     sorted): a value written in the file or given on the command line is one setting, so a
     config that adopts an override keeps the runs made with it; comments and key order do not
     count. Library defaults are not part of it (a key the file does not set)."""
-    import hashlib
-
     from omegaconf import OmegaConf
 
     tree = OmegaConf.merge(OmegaConf.load(config), OmegaConf.from_dotlist(list(overrides)))
@@ -156,8 +155,6 @@ def pin_setting(dirs: Sequence[Path], config: Path, overrides: Sequence[str]) ->
     and record the overrides (``overrides.json``) where none are recorded. A directory from
     before the setting's hash (``config.sha256``, the file's bytes, and ``overrides.json``) is
     checked the old way, then given the new hash."""
-    import hashlib
-
     digest = setting_digest(config, overrides)
     file_digest = hashlib.sha256(config.read_bytes()).hexdigest()
     for d in dirs:
