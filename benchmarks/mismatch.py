@@ -33,6 +33,9 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from cli_runs import IN_HOUSE  # noqa: E402
+
 CONFIG = ROOT / "configs" / "agent_smollm2_grpo.yaml"
 ARMS: dict[str, list[str]] = {
     "vllm_bf16": [
@@ -70,6 +73,7 @@ def run_arm(name: str, overrides: list[str], out: Path) -> dict:
         TrainConfig,
         str(CONFIG),
         [
+            IN_HOUSE,  # step 1's tasks as kept: the three environment types
             *ARMS[name],
             *overrides,
             f"trainer.output_dir={out}",
