@@ -254,6 +254,12 @@ def summarize(
                 m: paired_pooled(
                     {s: measure(o, m) for s, o in base.items()},
                     {s: measure(o, m) for s, o in by_seed.items()},
+                    moved=(
+                        {s: measure(o, "tool_errors") for s, o in base.items()},
+                        {s: measure(o, "tool_errors") for s, o in by_seed.items()},
+                    )
+                    if m == "tool_error_rate"
+                    else None,
                 )
                 for m in MEASURES
             }

@@ -39,10 +39,12 @@ def measure(outcomes: Mapping[str, Outcome], name: str, task_type: str | None = 
     """One number per task (of ``task_type``, or all). The tool error rate (errors / calls over
     the episodes) is a ratio: each task gets its linearised value r + (e_i - r c_i) / mean(c),
     whose mean is r and whose SE is the ratio's (delta method), so it pairs and pools like a
-    per-task mean."""
+    per-task mean. ``tool_errors`` is the plain count of failed calls per task."""
     ids = sorted(t for t, o in outcomes.items() if task_type in (None, o.task_type))
     if name == "accuracy":
         return {t: outcomes[t].success for t in ids}
+    if name == "tool_errors":
+        return {t: float(outcomes[t].errors) for t in ids}
     if name == "episodes_with_tool_error":
         return {t: float(outcomes[t].errors > 0) for t in ids}
     mean_calls = fmean(outcomes[t].calls for t in ids) if ids else 0.0
@@ -70,10 +72,21 @@ def pooled(by_seed: Mapping[int, Values]) -> dict[str, Any]:
     }
 
 
-def paired_pooled(base: Mapping[int, Values], arm: Mapping[int, Values]) -> dict[str, Any]:
-    """arm - base, paired by task within each seed, then pooled over the seeds both ran."""
+def paired_pooled(
+    base: Mapping[int, Values],
+    arm: Mapping[int, Values],
+    moved: tuple[Mapping[int, Values], Mapping[int, Values]] | None = None,
+) -> dict[str, Any]:
+    """arm - base, paired by task within each seed, then pooled over the seeds both ran. Each
+    seed's ``up``/``down`` count the tasks whose value rose/fell; for a linearised ratio every
+    task's value moves with the ratio, so ``moved`` gives (base, arm) per-task numbers to count
+    on instead (the tool error rate counts tasks with more/fewer failed calls)."""
     seeds = sorted(base.keys() & arm.keys())
     per_seed = [dict(paired_values(base[s], arm[s]), seed=s) for s in seeds]
+    if moved is not None:
+        for row, s in zip(per_seed, seeds, strict=True):
+            counted = paired_values(moved[0][s], moved[1][s])
+            row["up"], row["down"] = counted["up"], counted["down"]
     diffs = {s: {t: arm[s][t] - base[s][t] for t in base[s].keys() & arm[s].keys()} for s in seeds}
     p = pooled(diffs)
     return {

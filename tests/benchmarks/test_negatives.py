@@ -86,6 +86,10 @@ def test_summary_pairs_by_task_within_seeds_and_pools_them(tmp_path):
     assert vs["se_between_seeds"] == pytest.approx(stdev([2 / N, -1 / N]) / math.sqrt(2))
     assert fis["vs_no_rollback"]["tool_error_rate"]["diff"] == pytest.approx((0.5 - 5) / 30)
     assert fis["vs_no_rollback"]["tool_error_rate"]["se"] > 0
+    # up/down count tasks with more/fewer failed calls, not the linearised values (all of
+    # which move with the ratio): 4 tasks lost errors on each seed, the other 16 had none
+    moved = [(r["up"], r["down"]) for r in fis["vs_no_rollback"]["tool_error_rate"]["per_seed"]]
+    assert moved == [(0, 4), (0, 4)]
     assert fis["vs_no_rollback"]["episodes_with_tool_error"]["diff"] == pytest.approx(
         fmean([1 / N - 4 / N, 0 - 4 / N])
     )
