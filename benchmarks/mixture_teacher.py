@@ -29,8 +29,10 @@ eval, so about 3.5 h a seed and 7-8 h for seeds 0 and 1.
 Writes ``benchmarks/results/mixture_teacher.json``: ``arms``, one entry each with ``arm``,
 ``seeds``, ``accuracy``, ``se``, ``gain_vs_actor_only``, ``gain_se`` (points; SEs add the SE over
 tasks and the SE between seeds), ``pass_at_4``, ``pass_at_4_se``, ``pass_at_4_gain_vs_actor_only``,
-``pass_at_4_gain_se``, ``fixed_grad_share`` (the fixed rows' share of the update's gradient
-weight, mean over steps; 0 and 1 by construction for ``actor_only`` and ``sft_teacher``),
+``pass_at_4_gain_se``, the same gains against ``sft_teacher`` (``gain_vs_sft_teacher``,
+``pass_at_4_gain_vs_sft_teacher`` and their SEs, on the seeds both have), ``fixed_grad_share``
+(the fixed rows' share of the update's gradient weight, mean over steps; 0 and 1 by construction
+for ``actor_only`` and ``sft_teacher``),
 ``step_metrics`` (mean and median over steps of each explaining metric), ``nonzero_adv_group_frac``,
 ``actor_samples``, ``fixed_samples`` and ``behaviour`` (benchmarks/behaviour.py); ``references``:
 the actor and the fixed policy before training.

@@ -5,7 +5,8 @@ Two measures per checkpoint, both on the 300 held-out tasks: greedy accuracy (``
 and pass@4 at temperature 1 (``eval_pass4_<name>``: 4 episodes a task, a task passes when one of
 them succeeds; pass@k moves before greedy accuracy does). Each arm's mean is over tasks of the
 task's value averaged over seeds; its SE adds the SE over tasks and the SE between seeds'
-means; gains are paired by task with ``actor_only`` of the same seed.
+means; gains are paired by task with ``actor_only`` of the same seed, and every other arm is paired
+the same way with ``sft_teacher`` (``gain_vs_sft_teacher``: the arm to beat).
 """
 
 from __future__ import annotations
@@ -184,6 +185,18 @@ def summarize(work: Path, seeds: list[int], kept: Path | None = None) -> dict[st
             "pass_at_4_gain_vs_actor_only": p4.get("gain"),
             "pass_at_4_gain_se": p4.get("gain_se"),
         }
+        if arm != "sft_teacher":  # the arm to beat, paired by task on the seeds both have
+            vs = measure(got[(arm, "greedy")], got[("sft_teacher", "greedy")]) or {}
+            vs4 = measure(got[(arm, "pass4")], got[("sft_teacher", "pass4")]) or {}
+            row |= {
+                "gain_vs_sft_teacher": vs.get("gain"),
+                "gain_vs_sft_teacher_se": vs.get("gain_se"),
+                "vs_sft_teacher_seeds": vs.get("paired", []),
+            }
+            row |= {
+                "pass_at_4_gain_vs_sft_teacher": vs4.get("gain"),
+                "pass_at_4_gain_vs_sft_teacher_se": vs4.get("gain_se"),
+            }
         row["behaviour"] = arm_behaviour([at(eval_name(f"{arm}_seed{s}")) for s in done])
         if arm == "sft_teacher":
             results = [at(f"{arm}_seed{s}/sft_result.json") for s in done]
@@ -236,7 +249,7 @@ def write(result: dict[str, Any], out: Path) -> None:
     """The result JSON, and its table on stdout."""
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")
-    head = ("arm", "seeds", "accuracy %", "gain", "pass@4 %", "pass@4 gain", "fixed", "nonzero")
+    head = ("arm", "seeds", "accuracy %", "gain", "pass@4 %", "pass@4 gain", "vs sft", "fixed")
     print(f"{head[0]:18} {head[1]:6} " + " ".join(f"{h:>14}" for h in head[2:]))
     for r in result["arms"]:
         cells = (
@@ -244,8 +257,8 @@ def write(result: dict[str, Any], out: Path) -> None:
             _fmt(r["gain_vs_actor_only"], r["gain_se"]),
             _fmt(r.get("pass_at_4"), r.get("pass_at_4_se"), signed=False),
             _fmt(r.get("pass_at_4_gain_vs_actor_only"), r.get("pass_at_4_gain_se")),
+            _fmt(r.get("gain_vs_sft_teacher"), r.get("gain_vs_sft_teacher_se")),
             _fmt(r.get("fixed_grad_share")),
-            _fmt(r.get("nonzero_adv_group_frac")),
         )
         seeds = ",".join(map(str, r["seeds"]))
         print(f"{r['arm']:18} {seeds:6} " + " ".join(f"{c:>14}" for c in cells))

@@ -214,6 +214,14 @@ def test_the_summary_pairs_each_arm_with_actor_only_by_task(tmp_path):
     assert base["fixed_grad_share"] == 0.0 and sft["fixed_grad_share"] == 1.0
     assert sft["seeds"] == [0] and sft["gain_vs_actor_only"] == pytest.approx(5.0)
     assert sft["nonzero_adv_group_frac"] is None and sft["sft_unique_examples"] == [51]
+    # every other arm against the arm to beat, on the seed both have: seed 0, tasks 0-3 +1, 5 −1
+    diffs = [1.0] * 4 + [0.0, -1.0] + [0.0] * 14
+    assert mixed["vs_sft_teacher_seeds"] == [0]
+    assert mixed["gain_vs_sft_teacher"] == pytest.approx(15.0)
+    assert mixed["gain_vs_sft_teacher_se"] == pytest.approx(100 * stdev(diffs) / math.sqrt(20))
+    assert base["gain_vs_sft_teacher"] == pytest.approx(-5.0)
+    assert mixed["pass_at_4_gain_vs_sft_teacher"] is None  # no pass@4 eval of either
+    assert "gain_vs_sft_teacher" not in sft
     assert out["references"]["teacher"]["accuracy"] == pytest.approx(40.0)
     assert out["references"]["teacher"]["pass_at_4"] is None
     json.dumps(out)  # the result file is plain JSON
@@ -235,8 +243,16 @@ def test_the_new_arms_report_pass_at_4_and_what_explains_them(tmp_path):
         })  # fmt: skip
     _eval(w / "eval_teacher.json", {0})
     _eval(w / "eval_pass4_teacher.json", {0, 1}, tries=4)
+    _eval(w / "eval_sft_teacher_seed0.json", {1})
+    _eval(w / "eval_pass4_sft_teacher_seed0.json", {1}, tries=4)
     out = mt.summarize(w, [0, 1])
     guided = next(a for a in out["arms"] if a["arm"] == "guided")
+    # against sft_teacher on seed 0: greedy ties; pass@4 guided also passes tasks 2 and 3
+    assert guided["gain_vs_sft_teacher"] == 0.0 and guided["vs_sft_teacher_seeds"] == [0]
+    diffs = [0.0, 0.0, 1.0, 1.0] + [0.0] * 16
+    assert guided["pass_at_4_gain_vs_sft_teacher"] == pytest.approx(10.0)
+    se = 100 * stdev(diffs) / math.sqrt(20)
+    assert guided["pass_at_4_gain_vs_sft_teacher_se"] == pytest.approx(se)
     # pass@4 per task: tasks 1, 2 pass; task 3 has 1 of 4 (pass@4 = 1)
     assert guided["pass_at_4"] == pytest.approx(15.0)
     assert guided["pass_at_4_seeds"] == [0, 1]
