@@ -6,8 +6,8 @@ comment naming, in order, the JSON value behind every number the claim and measu
 
     <!-- json: pooled/gain; pooled/se; other.json:seeds/0/rlla_diff; arms/x/rate*100 -->
 
-An entry is a JSON pointer (``/`` between keys, list indices as numbers, ``~1`` for a ``/`` inside
-a key) into the row's first linked JSON, or into ``FILE.json:`` when another JSON the row links
+An entry is a JSON pointer (``/`` between keys, list indices as numbers or ``KEY=VALUE`` for the
+one element whose ``KEY`` is ``VALUE``, ``~1`` for a ``/`` inside a key) into the row's first linked JSON, or into ``FILE.json:`` when another JSON the row links
 holds it, with an optional ``*FACTOR`` (a fraction shown as a percentage: ``*100``). A shown
 number matches when the JSON value times the factor rounds to it at the decimals shown. The machine
 cell names the cores, the instruction set (AVX512-BF16 or AVX2) and the dtype (bf16 or fp32); where
@@ -71,7 +71,13 @@ def resolve(data: object, pointer: str) -> object:
     node = data
     for raw in pointer.split("/"):
         key = raw.replace("~1", "/").replace("~0", "~")
-        if isinstance(node, list):
+        if isinstance(node, list) and "=" in key:  # the element whose field has that value
+            field, want = key.split("=", 1)
+            found = [x for x in node if isinstance(x, dict) and str(x.get(field)) == want]
+            if len(found) != 1:
+                raise KeyError(f"{pointer}: {len(found)} elements with {field} = {want!r}")
+            node = found[0]
+        elif isinstance(node, list):
             node = node[int(key)]
         elif isinstance(node, dict):
             node = node[key]
@@ -174,6 +180,7 @@ def test_readme_results_table_matches_its_json():
 DATA = {
     "pooled": {"gain": 7.111, "se": 1.74},
     "arms": {"a/b": {"rate": 0.0422}},
+    "runs": [{"arm": "x", "acc": 0.1}, {"arm": "y", "acc": 0.2}],
     "machine": {"cpu_flags": ["avx2", "avx512_bf16"], "cores": 2, "dtype": "bfloat16"},
 }
 ROW = (
@@ -211,3 +218,13 @@ def test_checker_fails_on_a_wrong_machine():
 def test_numbers_in_words_code_and_links_are_not_shown_numbers():
     text = "AVX2 `kl_loss_coef=0.1` [main job](docs/x.md#step-16) −0.08 and 1,200 tasks, z 4.1."
     assert shown_numbers(text) == ["−0.08", "1,200", "4.1"]
+
+
+def test_a_list_element_is_found_by_a_field_and_must_be_the_only_one():
+    assert resolve(DATA, "runs/arm=y/acc") == 0.2
+    assert resolve(DATA, "runs/1/acc") == 0.2
+    with pytest.raises(KeyError, match="0 elements"):
+        resolve(DATA, "runs/arm=z/acc")
+    twice = {"runs": [{"arm": "x"}, {"arm": "x"}]}
+    with pytest.raises(KeyError, match="2 elements"):
+        resolve(twice, "runs/arm=x")
