@@ -53,3 +53,18 @@ def test_two_ranks_each_sample_with_their_own_vllm_engine(vllm_ready, tmp_path):
     # the trainer's (0.04-0.05 nats a token; with rank 1's engine left stale it read 1.7)
     assert rows[0]["actor/grad_norm"] > 0
     assert rows[1]["rollout/logprob_diff_mean"] < 0.2
+
+
+def test_closing_an_engine_leaves_the_trainers_process_group_to_the_ranks(vllm_ready, tmp_path):
+    """An engine started inside the fsdp2 group builds vLLM's groups on it; closing the engine
+    must not destroy the default group on this rank alone (the peer may still use it, and the
+    ranks' synchronized leave would find nothing to leave: the two-rank run above then aborted
+    at exit, "terminate called without an active exception")."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")}
+    cmd = [sys.executable, "-m", "tests.vllm.group_child", str(tmp_path / "store")]
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    lines = done.stdout.splitlines()
+    assert "SAMPLED 1" in lines
+    assert "GROUP AFTER CLOSE True" in lines, done.stdout
+    assert "GROUP AFTER LEAVE False" in lines

@@ -161,6 +161,8 @@ def leave_process_group(
     peer's process abort at teardown ("terminate called without an active exception"; gloo
     issue 155; seen here once in ~25 runs of the two-rank tests, under CPU contention). So: free
     what still references finished collectives' tensors, then wait for every rank, then destroy.
+    Nothing else may destroy the group first: a vLLM engine's teardown did, on its rank alone
+    (``rollout.vllm_compat.process_group_kept`` stops it).
     The wait is a meeting on the store with a timeout (``RankBoard.leave``, for any backend),
     then, once every rank came, the backend's barrier (gloo's monitored one). A rank that never
     comes is named and left behind."""

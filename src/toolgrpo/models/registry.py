@@ -163,14 +163,35 @@ def _package_file(package: str, filename: str, hint: str) -> Path:
 def convert_gguf(gguf: Path, chat_template: str | None = None, add_bos: bool = False) -> Path:
     """Dequantise a GGUF into a cached bf16 safetensors directory and return it; its tokenizer
     gets ``chat_template`` and, with ``add_bos``, starts plain text with BOS."""
+    out = cache_entry(gguf, chat_template, add_bos)
+    if _converted(out):
+        return out
+    from filelock import FileLock
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # One process converts; the others (fsdp2 ranks, parallel test workers) wait and reuse it.
+    # Unlocked, the second to finish replaced the entry while the first was loading from it.
+    with FileLock(str(out.with_name(out.name + ".lock"))):
+        if not _converted(out):
+            _convert(gguf, out, chat_template, add_bos)
+    return out
+
+
+def cache_entry(gguf: Path, chat_template: str | None = None, add_bos: bool = False) -> Path:
+    """Where ``convert_gguf`` keeps the conversion of this GGUF file (path, size and mtime)."""
     stat = gguf.stat()
     ident = f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
     if chat_template is not None or add_bos:  # SmolLM2's key (and cache) stays as it was
         ident += f":{hashlib.sha1((chat_template or '').encode()).hexdigest()}:{add_bos}"
     key = hashlib.sha1(ident.encode()).hexdigest()
-    out = cache_root() / "models" / f"{gguf.stem}-{key[:10]}"
-    if (out / "config.json").is_file() and any(out.glob("*.safetensors")):
-        return out
+    return cache_root() / "models" / f"{gguf.stem}-{key[:10]}"
+
+
+def _converted(out: Path) -> bool:
+    return (out / "config.json").is_file() and any(out.glob("*.safetensors"))
+
+
+def _convert(gguf: Path, out: Path, chat_template: str | None, add_bos: bool) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -186,9 +207,8 @@ def convert_gguf(gguf: Path, chat_template: str | None = None, add_bos: bool = F
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
     save_tokenizer(tok, tmp, chat_template, add_bos)
-    shutil.rmtree(out, ignore_errors=True)
+    shutil.rmtree(out, ignore_errors=True)  # an incomplete entry (no process converts it now)
     tmp.rename(out)  # atomic: a killed conversion never leaves a half-written cache entry
-    return out
 
 
 def save_tokenizer(tok: Any, out: Path, chat_template: str | None, add_bos: bool) -> None:

@@ -37,7 +37,12 @@ from toolgrpo.config.loader import ConfigError
 from toolgrpo.config.schema import TrainConfig
 from toolgrpo.rollout.generator import Completion, SamplingParams
 from toolgrpo.rollout.hf import stop_token_ids
-from toolgrpo.rollout.vllm_compat import eager_engine_start, kernel_scan_safe
+from toolgrpo.rollout.vllm_compat import (
+    eager_engine_start,
+    kernel_scan_safe,
+    process_group_kept,
+    release_parallel_state,
+)
 from toolgrpo.rollout.vllm_weights import actor_weights, push_weights
 from toolgrpo.run_log import quiet_libraries
 
@@ -129,6 +134,7 @@ class _Engine:
     users: int = 0
     pushed_by: object = None  # the generator token of the last push
     pushed_version: int | None = None
+    owns_process_group: bool = True  # vLLM made the default group (no fsdp2 group before it)
 
     def run(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         return self.thread.submit(fn, *args, **kwargs).result()
@@ -182,8 +188,9 @@ def _engine_for(args: dict[str, Any], key: tuple) -> _Engine:
             with process_state_kept(), kernel_scan_safe():
                 return LLM(**args)
 
+        owns = not (torch.distributed.is_available() and torch.distributed.is_initialized())
         try:
-            eng = _Engine(key, thread.submit(start).result(), thread)
+            eng = _Engine(key, thread.submit(start).result(), thread, owns_process_group=owns)
         except BaseException:
             thread.shutdown(wait=False)
             raise
@@ -219,19 +226,14 @@ def _shutdown(eng: _Engine) -> None:
     last = not _ENGINES
 
     def stop() -> None:
-        core = getattr(eng.llm.llm_engine, "engine_core", None)
-        if core is not None and hasattr(core, "shutdown"):
-            core.shutdown()
-        eng.llm = None
-        gc.collect()
-        if last:  # the in-process engine's torch.distributed group; a new engine makes its own
-            from vllm.distributed.parallel_state import (
-                destroy_distributed_environment,
-                destroy_model_parallel,
-            )
-
-            destroy_model_parallel()
-            destroy_distributed_environment()
+        with process_group_kept(eng.owns_process_group):
+            core = getattr(eng.llm.llm_engine, "engine_core", None)
+            if core is not None and hasattr(core, "shutdown"):
+                core.shutdown()
+            eng.llm = None
+            gc.collect()
+            if last:
+                release_parallel_state()
 
     try:
         eng.run(stop)

@@ -11,6 +11,8 @@ a second Trainer in one process (a sweep, a notebook, ``benchmarks/router_budget
 ``kernel_scan_safe`` hides such modules from ``sys.modules`` while the engine starts and puts them
 back afterwards. vLLM's start imports none of them (checked for llvmlite), so nothing is loaded
 twice. ``eager_engine_start`` keeps an eager engine's start from compiling, and only its start.
+``process_group_kept`` lets vLLM tear an engine down without taking a trainer's fsdp2 process
+group down with it.
 """
 
 from __future__ import annotations
@@ -88,3 +90,43 @@ def env_default(name: str, value: str) -> Iterator[None]:
         yield
     finally:
         os.environ.pop(name, None)
+
+
+@contextmanager
+def process_group_kept(owns_process_group: bool) -> Iterator[None]:
+    """While an engine is torn down: keep a process group vLLM did not make.
+
+    An engine started without a process group makes the default one, and its teardown (the
+    engine core's shutdown, then ``release_parallel_state``) takes it down (a new engine makes
+    its own). An engine started inside the trainer's fsdp2 group builds its world group on that
+    one, and the same teardown destroys the default group on this rank alone, while the peer
+    may still use it: the ranks' synchronized leave (``leave_process_group``) then found no group
+    to leave, and a rank aborted at exit ("terminate called without an active exception"). Here
+    vLLM forgets its world group instead; its groups are destroyed with the default group when
+    the ranks leave together. Its model-parallel groups are one rank each (tensor parallel size
+    1, the only one the in-process engine takes) and go as before."""
+    from vllm.distributed import parallel_state
+
+    if owns_process_group:
+        yield
+        return
+    real = parallel_state.destroy_distributed_environment
+
+    def forget_world() -> None:
+        parallel_state._WORLD = None
+        parallel_state._NODE_COUNT = None
+
+    parallel_state.destroy_distributed_environment = forget_world  # what vLLM's teardown calls
+    try:
+        yield
+    finally:
+        parallel_state.destroy_distributed_environment = real
+
+
+def release_parallel_state() -> None:
+    """Drop vLLM's process-wide parallel state once its last engine is gone (inside
+    ``process_group_kept`` when the engine did not make the process group)."""
+    from vllm.distributed import parallel_state
+
+    parallel_state.destroy_model_parallel()
+    parallel_state.destroy_distributed_environment()
