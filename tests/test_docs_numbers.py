@@ -6,12 +6,12 @@ comment naming, in order, the JSON value behind every number the claim and measu
 
     <!-- json: pooled/gain; pooled/se; other.json:seeds/0/rlla_diff; arms/x/rate*100 -->
 
-An entry is a JSON pointer (``/`` between keys, list indices as numbers or ``KEY=VALUE`` for the
-one element whose ``KEY`` is ``VALUE``, ``~1`` for a ``/`` inside a key) into the row's first linked JSON, or into ``FILE.json:`` when another JSON the row links
-holds it, with an optional ``*FACTOR`` (a fraction shown as a percentage: ``*100``). A shown
-number matches when the JSON value times the factor rounds to it at the decimals shown. The machine
-cell names the cores, the instruction set (AVX512-BF16 or AVX2) and the dtype (bf16 or fp32); where
-the JSON records them they must agree.
+An entry is a JSON pointer (``/`` between keys, list indices as numbers or ``KEY=VALUE`` for the one
+element whose ``KEY`` is ``VALUE``, ``~1`` for a ``/`` inside a key) into the row's first linked
+JSON, or into ``FILE.json:`` when another JSON the row links holds it, with an optional ``*FACTOR``
+(a fraction shown as a percentage: ``*100``). A shown number matches when the JSON value times the
+factor rounds to it at the decimals shown. The machine cell names the cores, the instruction set
+(AVX512-BF16 or AVX2) and the dtype (bf16 or fp32); where the JSON records them they must agree.
 """
 
 from __future__ import annotations
