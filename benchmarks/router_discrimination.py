@@ -12,7 +12,8 @@ seed and pooled (``router_discrimination_lib``):
   at the router's cost; ``gain_vs_type_mean``: over the same head with each task's route
   probabilities replaced by its type's mean (what per-task information adds);
 - ``auroc_outcome``: P(tool route) against each task's own outcome (a tool route beats ANSWER on
-  it); ``auroc_type``: against its type's; ``route_share`` per type;
+  it); ``auroc_type``: against its type's (the majority of the dataset's need-a-tool flags
+  in the type); ``route_share`` per type;
 - ``pooled.gain_vs_blind`` / ``pooled.se``: over tasks × seeds (crossed random-effects SE).
 
 The OTC arm trains the same config with ``router.enable=false`` and ``reward.tool_call_cost=c``

@@ -78,15 +78,29 @@ def outcome_labels(rows: list[Row]) -> list[bool]:
     ]
 
 
-def type_labels(rows: list[Row]) -> list[bool]:
-    """Per task, what its type says: the type's best tool route, averaged over its tasks, beats
-    ANSWER's average."""
-    need = {}
+def type_labels(rows: list[Row], need: list[bool] | None = None) -> list[bool | None]:
+    """Per task, what its type says. Given the dataset's need-a-tool flags: the type's flag where
+    all its tasks share it (calculator and search need a tool, direct does not), None in a type
+    that mixes both (arith_mixed: its tasks' own flags are ``auroc_need``'s label). Without
+    them: the type's best tool route, averaged over its tasks, beats ANSWER's average (a label
+    that can put every type on one side, leaving its AUROC undefined)."""
+    label: dict[str, bool | None] = {}
     for t in {x["task_type"] for x in rows}:
-        got = [x for x in rows if x["task_type"] == t]
-        mean = {r: fmean(x["reward"][r] for x in got) for r in got[0]["reward"]}
-        need[t] = max(v for r, v in mean.items() if r != ANSWER) > mean[ANSWER]
-    return [need[x["task_type"]] for x in rows]
+        got = [i for i, x in enumerate(rows) if x["task_type"] == t]
+        if need is not None:
+            flags = {need[i] for i in got}
+            label[t] = flags.pop() if len(flags) == 1 else None
+            continue
+        mean = {r: fmean(rows[i]["reward"][r] for i in got) for r in rows[got[0]]["reward"]}
+        label[t] = max(v for r, v in mean.items() if r != ANSWER) > mean[ANSWER]
+    return [label[x["task_type"]] for x in rows]
+
+
+def type_auroc(rows: list[Row], need: list[bool] | None = None) -> float | None:
+    """P(tool)'s AUROC against the type label, over the tasks whose type has one."""
+    pairs = [(p_tool(r), y) for r, y in zip(rows, type_labels(rows, need), strict=True)]
+    kept = [(p, y) for p, y in pairs if y is not None]
+    return auroc([p for p, _ in kept], [y for _, y in kept]) if kept else None
 
 
 def type_mean_rows(rows: list[Row]) -> list[Row]:
@@ -184,7 +198,7 @@ def seed_summary(rows: list[Row], need: list[bool] | None = None) -> dict[str, A
         "gain_vs_type_mean_se": tgain_se,
         "type_mean_cost": fmean(expected(t, "cost") for t in typed),
         "auroc_outcome": auroc([p_tool(r) for r in rows], outcome),
-        "auroc_type": auroc([p_tool(r) for r in rows], type_labels(rows)),
+        "auroc_type": type_auroc(rows, need),
         # the type's mean P(tool) alone against the outcome label: what the type already tells
         "auroc_outcome_type_mean": auroc([p_tool(r) for r in typed], outcome),
         "need_outcome_frac": fmean(float(x) for x in outcome),

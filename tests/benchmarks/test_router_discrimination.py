@@ -110,6 +110,24 @@ def test_outcome_and_type_labels():
     assert type_labels(rows) == [True, True, False]  # search: 0.35 > 0.15
 
 
+def test_the_type_label_follows_the_datasets_need_flags_when_given():
+    """Where a tool route wins on average in every type (so the reward-averaged label puts all
+    tasks on one side and the AUROC is undefined), the dataset's need flags still split the
+    types; a type whose tasks differ has no type label and stays out of ``auroc_type``."""
+    rows = [
+        _three("search", (0.0, 0.5, 0.0), (0.2, 0.8, 0.0), "s"),
+        _three("chat", (0.3, 0.2, 0.4), (0.9, 0.1, 0.0), "c"),  # a tool route wins here too
+        _three("mixed", (0.2, 0.1, 0.5), (0.0, 0.0, 1.0), "m1"),
+        _three("mixed", (0.5, 0.1, 0.4), (1.0, 0.0, 0.0), "m2"),
+    ]
+    assert type_labels(rows) == [True] * 4
+    need = [True, False, True, False]
+    assert type_labels(rows, need) == [True, False, None, None]
+    got = seed_summary(rows, need)
+    assert got["auroc_type"] == 1.0  # search's P(tool) 0.8 over chat's 0.1; mixed left out
+    assert got["auroc_need"] == 1.0
+
+
 def test_the_per_type_optimum_spends_on_the_largest_gain_per_call_first():
     rows = [
         _three("lookup", (0.0, 0.54, 0.0)),
