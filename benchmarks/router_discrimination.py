@@ -116,8 +116,12 @@ def trained(name: str, extra: list[str], args: argparse.Namespace) -> Path:
 
 def evaluate(name: str, final: Path, keep: int, out: Path, args: argparse.Namespace) -> None:
     """``toolgrpo eval`` of a run's final checkpoint on the held-out tasks, ``keep`` episodes of
-    each type kept in the JSON."""
+    each type kept in the JSON. A router checkpoint saved before the served head's budget
+    offset existed gets one fit first (``--fit-offset``: on training tasks, as validation fits
+    it in today's runs)."""
     cmd = ["eval", "--checkpoint", str(final), "--samples", str(keep), "--output", str(out)]
+    if (final / "router.pt").is_file() and not has_offset(final):
+        cmd.append("--fit-offset")
     cmd += ["--limit", str(args.eval_limit)]
     cfg = str(args.work / name / "config.yaml")
     seed = int(name.rsplit("_s", 1)[1])
@@ -134,11 +138,27 @@ def keep_training(name: str, work: Path, kept: Path) -> dict[str, float]:
     return step_means(rows[-max(len(rows) // 4, 1) :], TRAINING_KEYS) if rows else {}
 
 
+def has_offset(checkpoint: Path) -> bool:
+    """Whether a checkpoint's router.pt holds the served head's budget offset."""
+    from toolgrpo.models.safe_load import load_torch_file
+    from toolgrpo.router.offset import OFFSET_KEY
+
+    return OFFSET_KEY in load_torch_file(checkpoint / "router.pt")
+
+
+def served_eval(path: Path | None) -> Path | None:
+    """An eval of the head as served today (with its budget offset), else None (an eval from
+    before the offset is played again)."""
+    if path is None or json.loads(path.read_text())["routing"].get("offset") is None:
+        return None
+    return path
+
+
 def router_seed(seed: int, args: argparse.Namespace, kept: Path) -> list[dict[str, Any]]:
     """One router seed's routed per-task table (training and evaluating it when not kept)."""
     name = f"router_s{seed}"
     out, keep = args.work / f"eval_{name}.json", kept / f"eval_{name}.json"
-    found = find(out, keep)
+    found = served_eval(find(out, keep)) or served_eval(find(None, keep))
     if found is None:
         evaluate(name, trained(name, train_overrides(seed, args.budget), args), 0, out, args)
         found = out

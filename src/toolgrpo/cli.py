@@ -96,6 +96,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         args.samples,
         args.rollout_data_dir,
         imports=imports,
+        fit_offset=args.fit_offset,
     )
 
 
@@ -209,6 +210,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--samples", type=int, default=5, help="decoded samples kept in the JSON")
     p.add_argument(
         "--rollout-data-dir", default=None, help="write every episode to DIR/0.jsonl (report)"
+    )
+    p.add_argument(
+        "--fit-offset",
+        action="store_true",
+        help="router checkpoints: first fit the served head's budget offset on the config's "
+        "training tasks and save it in router.pt (docs/router.md)",
     )
     add_import_arg(p)
     add_config_args(p, "eval")

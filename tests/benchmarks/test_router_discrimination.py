@@ -237,17 +237,27 @@ def test_kept_evals_and_tables_are_read_instead_of_training_again(tmp_path, monk
     kept = tmp_path / "kept"
     kept.mkdir()
     rows = [_row("math", 0.0, 0.0, 1.0)]
-    record = {"samples": [{"task_id": "1", "messages": ["long"]}], "routing": {"per_task": rows}}
+    offset = {"delta": -0.4}  # the served head's budget offset (router/offset.py)
+    routing = {"per_task": rows, "offset": offset}
+    record = {"samples": [{"task_id": "1", "messages": ["long"]}], "routing": routing}
     (kept / "eval_router_s0.json").write_text(json.dumps(record))
     table = {"t/1": {"task_type": "t", "episodes": 4, "reward": 0.5, "cost": 0.25}}
     (kept / "table_otc_c0.2_s0.json").write_text(json.dumps(table))
-    args = argparse.Namespace(work=tmp_path / "work", budget=0.3, episodes=4)
+    args = argparse.Namespace(
+        work=tmp_path / "work", budget=0.3, episodes=4, extra=[], eval_limit=-1
+    )
     args.work.mkdir()
     assert rd.router_seed(0, args, kept) == rows
     assert rd.otc_seed(0, 0.2, args, kept) == table
     # a fresh eval in the work directory is read first, and kept without its episodes' text
     (args.work / "eval_router_s0.json").write_text(
-        json.dumps(record | {"routing": {"per_task": rows * 2}})
+        json.dumps(record | {"routing": {"per_task": rows * 2, "offset": offset}})
     )
     assert rd.router_seed(0, args, kept) == rows * 2
     assert "messages" not in json.loads((kept / "eval_router_s0.json").read_text())["samples"][0]
+    # an eval of the head without its offset (before the offset existed) is played again
+    for where in (args.work, kept):
+        old = record | {"routing": {"per_task": rows}}
+        (where / "eval_router_s0.json").write_text(json.dumps(old))
+    with pytest.raises(AssertionError, match="trained or evaluated"):
+        rd.router_seed(0, args, kept)

@@ -1,7 +1,9 @@
 """τ from validation to ``toolgrpo infer``: validation calibrates the threshold on P(tool), the
 checkpoint's router.pt stores it, a resume restores it, ``toolgrpo infer`` routes by it by
 default (router.infer_mode=auto with a binding budget), and a router.pt without one (an older
-checkpoint) still loads, falling back to the argmax with a warning."""
+checkpoint) still loads, falling back to the argmax with a warning. Validation also fits the
+served head's budget offset on training tasks, and ``toolgrpo eval --fit-offset`` fits one for a
+checkpoint saved without it."""
 
 from __future__ import annotations
 
@@ -14,12 +16,14 @@ import torch
 from rich.console import Console
 
 from tests.conftest import train_overrides, write_jsonl
-from toolgrpo.config.loader import load_config
+from toolgrpo.config.loader import ConfigError, load_config
 from toolgrpo.config.schema import TrainConfig
 from toolgrpo.data.loader import embedded_path
+from toolgrpo.eval.cli import run_eval
 from toolgrpo.infer import run_infer
 from toolgrpo.models.safe_load import load_torch_file
 from toolgrpo.router.calibrate import THRESHOLD_KEY, Threshold
+from toolgrpo.router.offset import OFFSET_KEY, AnswerOffset
 from toolgrpo.trainer.trainer import Trainer
 
 LIMITS = [
@@ -131,3 +135,36 @@ def test_an_older_checkpoint_without_tau_loads_and_falls_back(
     assert "threshold" not in line
     want, _ = _infer(tiny_model_dir, old, ["router.infer_mode=argmax"])
     assert route == want
+
+
+def test_validation_fits_the_served_heads_budget_offset_on_training_tasks(run):
+    _, ckpt, history = run
+    val = history[-1]
+    state = load_torch_file(ckpt / "router.pt")
+    saved = AnswerOffset.from_state(state[OFFSET_KEY])
+    assert saved is not None and saved.step == 1 and saved.budget == 0.3
+    assert saved.tasks == val["val/router_offset/tasks"] == 6  # the training set's 6 tasks
+    assert saved.delta == pytest.approx(val["val/router_offset/delta"])
+    assert saved.binding == (state["budget"]["integral"] > 0)
+    if saved.feasible and (saved.binding or saved.spend_before > 0.3):
+        assert saved.spend == pytest.approx(0.3, abs=1e-6)
+    elif saved.feasible:
+        assert saved.delta == 0.0 and saved.spend == saved.spend_before <= 0.3
+
+
+def test_eval_fits_an_offset_for_a_checkpoint_saved_without_one(run, tmp_path):
+    ov, ckpt, _ = run
+    old = _with_threshold(ckpt, tmp_path / "old", 0.5)
+    state = load_torch_file(old / "router.pt")
+    state.pop(OFFSET_KEY)
+    torch.save(state, old / "router.pt")
+    out = tmp_path / "eval" / "e.json"
+    assert run_eval(None, ov, str(old), str(out), -1, 0, fit_offset=True) == 0
+    fit = AnswerOffset.from_state(load_torch_file(old / "router.pt")[OFFSET_KEY])
+    assert fit is not None and fit.tasks == 6 and fit.step == 1
+    routing = json.loads(out.read_text())["routing"]
+    assert AnswerOffset.from_state(routing["offset"]) == fit
+    assert "in-sample" in routing["threshold"]["source"]  # τ fit for the unshifted head: refit
+    off = [*ov, "router.enable=false"]  # no head to fit: refused before any model loads
+    with pytest.raises(ConfigError, match="--fit-offset"):
+        run_eval(None, off, None, str(tmp_path / "e2.json"), -1, 0, fit_offset=True)

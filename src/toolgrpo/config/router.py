@@ -12,6 +12,8 @@ An example (defaults are in ``RouterConfig``)::
       freeze_lm: true        # router-only training: the LM takes no update
       lr: 4.0                # the head's own SGD; null = a param group in the actor's optimizer
       head_ema: 0.95         # validation/eval/infer route with this EMA of the head (0 = last)
+      offset_tasks: 100      # validation fits the served head's budget offset on this many
+      offset_n: 2            #   training tasks × every route × offset_n episodes (0 = none)
       entropy_coeff: 0.1     # the bonus that makes the head's response to λ smooth
       budget: 0.3            # B: average tool cost per example
       lambda_init: 0.0       # λ at step 0 (a resumed run restores its own)
@@ -94,6 +96,13 @@ class RouterConfig:
     # its updates (bias-corrected; this decay per update): under a moving λ the last iterate
     # swings past the budget and back, the average is what the run played. 0 = the last iterate.
     head_ema: float = 0.95
+    # Each routed validation first plays this many training tasks (a seeded draw) under every
+    # route, ``offset_n`` episodes each at the rollout's sampling, and fits one shift of the
+    # served head's ANSWER logit so its routes spend B there (or at most B while the dual is 0;
+    # router/offset.py): the averaged head at the end of a finite run can sit off the budget
+    # the run held. Saved in router.pt; eval and infer route with it. 0 = no offset.
+    offset_tasks: int = 100
+    offset_n: int = 2
     grad_clip: float = 1.0
     # A real bonus (the design asks for "a small" one): a budgeted optimum mixes routes, and
     # without it the head's response to λ is nearly a step that the dual step can only chase.
@@ -201,6 +210,7 @@ def check_router_config(cfg: Any) -> None:
         "router.dual_kp": rc.dual_kp,
         "router.label_coeff": rc.label_coeff,
         "router.head_hidden": rc.head_hidden,
+        "router.offset_tasks": rc.offset_tasks,
     }
     for key, value in nonneg.items():
         if not (math.isfinite(value) and value >= 0):
@@ -209,6 +219,7 @@ def check_router_config(cfg: Any) -> None:
         "router.cost.max_calls": rc.cost.max_calls,
         "router.update_every": rc.update_every,
         "router.grad_clip": rc.grad_clip,
+        "router.offset_n": rc.offset_n,
     }.items():
         if not value > 0:
             raise ConfigError(f"{key} must be > 0, got {value}")

@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from toolgrpo import progress, safe_io
-from toolgrpo.config.loader import load_config
+from toolgrpo.config.loader import ConfigError, load_config
 from toolgrpo.config.schema import TrainConfig
 from toolgrpo.config.validate import validate_train_config
 from toolgrpo.data.loader import load_tasks
@@ -93,6 +93,7 @@ def _run_eval(
     keep_samples: int,
     rollout_data_dir: str | None = None,
     imports: Sequence[str] = (),
+    fit_offset: bool = False,
 ) -> int:
     cfg = load_config(TrainConfig, config_path, overrides)
     load_run_plugins(cfg, imports)  # --import and trainer.imports: users' env types
@@ -112,7 +113,7 @@ def _run_eval(
     tasks = load_tasks(d.val_files, d.bad_rows, limit, check_task).tasks
     out = Path(output) if output else Path(cfg.trainer.output_dir) / "eval.json"
     with hold_outputs(out, cfg.trainer.rollout_data_dir, cfg.trainer.verbose) as run_log:
-        return _score(cfg, tasks, label, out, keep_samples, checkpoint, run_log)
+        return _score(cfg, tasks, label, out, keep_samples, checkpoint, run_log, fit_offset)
 
 
 def _score(
@@ -123,10 +124,14 @@ def _score(
     keep_samples: int,
     checkpoint: str | None,
     run_log: RunLog,
+    fit_offset: bool = False,
 ) -> int:
     d = cfg.data
     if plays_episodes(cfg, tasks):  # environment tasks: played as episodes (eval/multi_turn.py)
-        return run_episode_eval(cfg, tasks, label, out, keep_samples, checkpoint, logs=run_log.path)
+        logs, fit = run_log.path, fit_offset
+        return run_episode_eval(cfg, tasks, label, out, keep_samples, checkpoint, None, logs, fit)
+    if fit_offset:
+        raise ConfigError("--fit-offset fits a router head's budget offset: it plays episodes")
     check_scorable(tasks, d.val_files, "use an RLLA dataset")
     policy = load_policy(
         cfg.actor_rollout_ref.model, trainable=False, device=resolve_device(cfg.trainer.device)

@@ -41,6 +41,7 @@ from toolgrpo.rollout.episode import Episode
 from toolgrpo.rollout.multi_turn import Condition
 from toolgrpo.router.calibrate import THRESHOLD_KEY, Threshold
 from toolgrpo.router.catalog import build_families
+from toolgrpo.eval.offset_fit import fit_checkpoint_offset
 from toolgrpo.router.infer import ROUTER_FILE, load_router
 from toolgrpo.router.runtime import RouteCondition
 from toolgrpo.router.spec import SPEC_KEY, families_from_spec
@@ -167,10 +168,12 @@ def evaluate_episodes(
     tasks: Sequence[Task],
     keep_samples: int,
     checkpoint: str | None = None,
+    fit_offset: bool = False,
 ) -> dict[str, Any]:
     """Play every task (``val_kwargs.n`` episodes each), routed by the checkpoint's router head
-    when it has one (with the fixed-route baselines, ``router.eval_baselines``), and summarise
-    per task type."""
+    when it has one (with the fixed-route baselines, ``router.eval_baselines``; ``fit_offset``:
+    with a budget offset fit first on training tasks, ``eval.offset_fit``), and summarise per
+    task type."""
     envs = check_episode_eval(cfg, tasks, checkpoint)
     generator = make_generator(cfg, policy)
     t0 = time.time()
@@ -186,8 +189,12 @@ def evaluate_episodes(
 
         if checkpoint and router_head(cfg, checkpoint):
             setup = checkpoint_setup(cfg, policy, checkpoint, tasks, envs)
+            if fit_offset:
+                setup = fit_checkpoint_offset(cfg, setup, runner, checkpoint)
             run = play_routed(setup, tasks, n, cfg.data.max_prompt_length, play)
             episodes, routes, routing = run.episodes, run.routes, run.report
+            offset = setup.policy.offset
+            routing["offset"] = offset.to_state() if offset is not None else None
         else:
             episodes = play(tasks)
     finally:
@@ -277,10 +284,16 @@ def run_episode_eval(
     checkpoint: str | None = None,
     policy: Any = None,
     logs: Path | None = None,
+    fit_offset: bool = False,
 ) -> int:
     """``toolgrpo eval``'s episode branch: check, load the policy (unless given), play, write
     the JSON, print the table (and where the library logs went: ``logs``)."""
     check_episode_eval(cfg, tasks, checkpoint)
+    if fit_offset and not router_head(cfg, checkpoint):
+        raise ConfigError(
+            "--fit-offset fits a router head's budget offset: give --checkpoint a checkpoint "
+            "with a router.pt"
+        )
     if policy is None:
         policy = load_policy(
             cfg.actor_rollout_ref.model,
@@ -295,7 +308,7 @@ def run_episode_eval(
     record = {
         "model": label,
         "val_files": list(cfg.data.val_files),
-        **evaluate_episodes(cfg, policy, tasks, keep_samples, checkpoint),
+        **evaluate_episodes(cfg, policy, tasks, keep_samples, checkpoint, fit_offset),
     }
     safe_io.write_text(out, json.dumps(record, indent=1))  # never through a link
     print_episode_table(label, cfg.data.val_files, record)

@@ -73,6 +73,9 @@ class RouterHead(torch.nn.Module):
         torch.nn.init.zeros_(out.weight)
         torch.nn.init.zeros_(out.bias)
         self.net = torch.nn.Sequential(*layers, out)
+        # Added to the logits when set: the served head's budget offset (router/offset.py), set
+        # by whoever serves it, never while training; not part of the weights.
+        self.logit_shift: torch.Tensor | None = None
 
     @torch.no_grad()
     def observe(self, features_BH: torch.Tensor) -> None:
@@ -108,7 +111,8 @@ class RouterHead(torch.nn.Module):
 
     def forward(self, features_BH: torch.Tensor) -> torch.Tensor:
         # Unit-norm inputs: a gradient step of size lr moves a prompt's logits by about lr·A.
-        return self.net(self.normalize(features_BH))
+        logits = self.net(self.normalize(features_BH))
+        return logits if self.logit_shift is None else logits + self.logit_shift.to(logits)
 
     def act(
         self, features_BH: torch.Tensor, sample: bool = True, generator: Any = None

@@ -18,6 +18,8 @@ from toolgrpo.algos.router import router_loss
 from toolgrpo.data.task import Task
 from toolgrpo.rollout.prompts import render_prompt
 from toolgrpo.router.head import HeadAverage, RouterHead, RouterOutput, prompt_features
+from toolgrpo.router.offset import OFFSET_KEY, AnswerOffset
+from toolgrpo.router.routes import ANSWER
 from toolgrpo.router.spec import RouterMismatch
 
 
@@ -57,6 +59,9 @@ class RouterPolicy:
             self.head.to(lm.device)
         # router.head_ema: the weights validation, eval and infer route with
         self.average = HeadAverage(self.head, head_ema) if head_ema > 0 else None
+        # The budget offset of the served head (router/offset.py): fit by validation or eval,
+        # applied with the averaged weights, saved in router.pt.
+        self.offset: AnswerOffset | None = None
         self.shared = lr is None
         if self.shared:
             if actor_optimizer is None:
@@ -158,31 +163,54 @@ class RouterPolicy:
 
     @contextmanager
     def averaged(self) -> Iterator[None]:
-        """Route with the averaged weights (``router.head_ema``) inside the block; the last
-        iterate, which training goes on from, comes back after it."""
-        if self.average is None or self.average.steps == 0:
-            yield
-            return
-        last = {k: v.clone() for k, v in self.head.net.state_dict().items()}
-        self.head.net.load_state_dict(self.average.averaged())
+        """Route as the head is served inside the block: the averaged weights
+        (``router.head_ema``) and the budget offset; the last iterate without an offset, which
+        training goes on from, comes back after it."""
+        average = self.average is not None and self.average.steps > 0
+        last = {k: v.clone() for k, v in self.head.net.state_dict().items()} if average else None
+        if average:
+            self.head.net.load_state_dict(self.average.averaged())
+        self.head.logit_shift = self.shift()
         try:
             yield
         finally:
-            self.head.net.load_state_dict(last)
+            self.head.logit_shift = None
+            if last is not None:
+                self.head.net.load_state_dict(last)
+
+    def shift(self, delta: float | None = None) -> torch.Tensor | None:
+        """The logit shift of an offset δ (the fitted one by default): δ on ANSWER, 0 elsewhere;
+        None without one."""
+        if delta is None:
+            delta = self.offset.delta if self.offset is not None else 0.0
+        if delta == 0.0 or ANSWER not in self.routes:
+            return None
+        out = torch.zeros(len(self.routes))
+        out[self.routes.index(ANSWER)] = float(delta)
+        return out
 
     def adopt_average(self, state: dict[str, Any]) -> None:
-        """For inference: route with a checkpoint's averaged weights when it saved them."""
+        """For inference: route as the checkpoint's head was served, its averaged weights when
+        it saved them and its budget offset when it has one."""
         got = state.get("head_average")
         if got and int(got["steps"]) > 0:
             average = HeadAverage(self.head, float(got["decay"]))
             average.load_state_dict(got)
             self.head.net.load_state_dict(average.averaged())
+        self.serve_offset(AnswerOffset.from_state(state.get(OFFSET_KEY)))
+
+    def serve_offset(self, offset: AnswerOffset | None) -> None:
+        """Keep ``offset`` and route with it from now on (a head that only serves: eval, infer)."""
+        self.offset = offset
+        self.head.logit_shift = self.shift()
 
     def state_dict(self) -> dict[str, Any]:
         opt = None if self.shared else self.optimizer.state_dict()  # shared: in optimizer.pt
         state = {"meta": self.meta, "head": self.head.state_dict(), "optimizer": opt}
         if self.average is not None:
             state["head_average"] = self.average.state_dict()
+        if self.offset is not None:
+            state[OFFSET_KEY] = self.offset.to_state()
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -213,6 +241,7 @@ class RouterPolicy:
         self.head.load_state_dict(state["head"])
         if self.average is not None and state.get("head_average"):
             self.average.load_state_dict(state["head_average"])
+        self.offset = AnswerOffset.from_state(state.get(OFFSET_KEY))
         if state.get("optimizer") is not None and not self.shared:
             lrs = [g["lr"] for g in self.optimizer.param_groups]  # router.lr as configured now
             self.optimizer.load_state_dict(state["optimizer"])

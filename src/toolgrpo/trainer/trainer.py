@@ -9,7 +9,7 @@ import copy
 import logging
 import time
 from contextlib import nullcontext
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ from toolgrpo.distributed.rollout_share import RolloutShare
 from toolgrpo.distributed.sharded_load import start_policy
 from toolgrpo.envs.plugins import load_run_plugins
 from toolgrpo.eval.evaluate import check_scorable, val_sampling_params
+from toolgrpo.eval.offset_fit import offset_plan
 from toolgrpo.mixture import Mixture
 from toolgrpo.models.loading import load_tokenizer
 from toolgrpo.models.registry import resolve_model
@@ -343,9 +344,8 @@ class Trainer:
         if self._val_tasks is None:
             self._val_tasks = self._read_val()
         params, d, seed = val_sampling_params(self.cfg), self.cfg.data, self.cfg.trainer.seed
-        on = ValSetup(
-            self.generator, self.tokenizer, params, d, self.flags, seed, self.episodes, self.router
-        )
+        on = ValSetup(self.generator, self.tokenizer, params, d, self.flags, seed, self.episodes)
+        on = replace(on, router=self.router, offset=offset_plan(self.cfg, self.tasks))
         total = len(self._val_tasks) * params.n
         with progress.phase("validation", total, "episodes" if self.episodes else "samples"):
             res = validate(on, self._val_tasks, step, self.step)

@@ -2,7 +2,9 @@
 ``toolgrpo eval`` (long prompts truncated, not dropped). With the router on, routed evaluation
 (``eval.routed``): the sampled, argmax and threshold policies and the fixed-route baselines. It
 also calibrates τ on the validation tasks for the current head (``Validated.calibrated``); the
-trainer keeps it and the next checkpoint stores it in ``router.pt``."""
+trainer keeps it and the next checkpoint stores it in ``router.pt``. Before that it fits the
+served head's budget offset on training tasks (``eval.offset_fit``), kept by the head itself
+(``router.pt`` again), so validation scores the head as eval and infer will route with it."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from toolgrpo.config.schema import DataConfig
 from toolgrpo.data.task import Task
 from toolgrpo.eval.episodes import summarize_episodes, summary_metrics
 from toolgrpo.eval.evaluate import evaluate
+from toolgrpo.eval.offset_fit import OffsetPlan, binds, fit_served_offset, offset_metrics
 from toolgrpo.eval.routed import RoutedSetup, play_routed, routed_metrics
 from toolgrpo.rewards.types import RllaFlags
 from toolgrpo.rollout.generator import SamplingParams
@@ -56,6 +59,7 @@ class ValSetup:
     seed: int  # trainer.seed: the routed evaluation's route draws
     episodes: EpisodeRunner | None = None
     router: RouterRuntime | None = None
+    offset: OffsetPlan | None = None  # training tasks to fit the served head's budget offset on
 
 
 @dataclass
@@ -92,9 +96,22 @@ def validate(val: ValSetup, tasks: Sequence[Task], step: int, version: int) -> V
     routes, extra, run = None, {}, None
     if val.router is not None:  # routed, as toolgrpo eval plays it (router.head_ema's head)
         setup = runtime_setup(val.router, runner.router, val.seed, step)
+        if val.offset is not None:  # the offset first: validation scores the head as served
+            plan = val.offset
+
+            def play_train(ts: Sequence[Task], conds: Any = None) -> list:
+                return runner.play(ts, plan.params, step, version, rollback=False, conditions=conds)
+
+            binding = binds(val.router.budget.state_dict())
+            with val.router.policy.averaged():
+                fit = fit_served_offset(setup, plan, d.max_prompt_length, play_train, binding)
+            if fit is not None:
+                val.router.policy.offset = fit
+            extra = offset_metrics(fit)
         with val.router.policy.averaged():
             run = play_routed(setup, tasks, params.n, d.max_prompt_length, play)
-        eps, routes, extra = run.episodes, run.routes, routed_metrics(run.report, "val")
+        eps, routes = run.episodes, run.routes
+        extra = {**extra, **routed_metrics(run.report, "val")}
     else:
         eps = play(tasks)
     warn_env_failures([e for e in eps if e.env_failure], runner.router, step)
