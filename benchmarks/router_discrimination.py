@@ -14,6 +14,9 @@ seed and pooled (``router_discrimination_lib``):
 - ``auroc_outcome``: P(tool route) against each task's own outcome (a tool route beats ANSWER on
   it); ``auroc_type``: against its type's (the majority of the dataset's need-a-tool flags
   in the type); ``route_share`` per type;
+- ``within_budget``: the held-out cost within B ± 0.05; ``served_offset``: the budget offset the
+  head was served with (router/offset.py; fit on training tasks by the run's last validation,
+  or by ``toolgrpo eval --fit-offset`` for a checkpoint saved before it existed);
 - ``pooled.gain_vs_blind`` / ``pooled.se``: over tasks × seeds (crossed random-effects SE).
 
 The OTC arm trains the same config with ``router.enable=false`` and ``reward.tool_call_cost=c``
@@ -67,6 +70,7 @@ from router_discrimination_lib import (  # noqa: E402
 CONFIG = ROOT / "configs" / "router_smollm2.yaml"
 TYPES = ("calculator", "search", "direct", "arith_mixed")
 HELD_OUT = [f"{t}:test" for t in TYPES]  # 100 tasks each
+BUDGET_TOL = 0.05  # a seed's held-out cost within B ± this keeps the budget
 # Training metrics kept per run (the router's λ and cost; every run's reward, calls and step time).
 TRAINING_KEYS = (
     "router/lambda",
@@ -152,6 +156,13 @@ def served_eval(path: Path | None) -> Path | None:
     if path is None or json.loads(path.read_text())["routing"].get("offset") is None:
         return None
     return path
+
+
+def served_offset(seed: int, args: argparse.Namespace, kept: Path) -> dict[str, Any] | None:
+    """The budget offset a seed's held-out eval served its head with (router/offset.py)."""
+    name = f"eval_router_s{seed}.json"
+    found = served_eval(find(args.work / name, kept / name)) or served_eval(find(None, kept / name))
+    return json.loads(found.read_text())["routing"]["offset"] if found else None
 
 
 def router_seed(seed: int, args: argparse.Namespace, kept: Path) -> list[dict[str, Any]]:
@@ -243,10 +254,14 @@ def summarize(
     routers: dict[int, list[dict[str, Any]]],
     otcs: dict[int, dict[float, dict[str, Any]]],
     training: dict[str, dict[str, float]],
+    offsets: dict[int, dict[str, Any] | None] | None = None,
+    budget: float = 0.3,
 ) -> dict[str, Any]:
     seeds = {}
     for seed, rows in sorted(routers.items()):
         seeds[str(seed)] = {**seed_summary(rows, needs_tool_flags(rows))}
+        seeds[str(seed)]["within_budget"] = abs(seeds[str(seed)]["cost"] - budget) <= BUDGET_TOL
+        seeds[str(seed)]["served_offset"] = (offsets or {}).get(seed)
         seeds[str(seed)]["training_last_quarter"] = training.get(f"router_s{seed}", {})
     out: dict[str, Any] = {"seeds": seeds}
     if routers:
@@ -263,6 +278,7 @@ def summarize(
                 for k in ("reward", "cost", "gain_vs_type_mean", "auroc_outcome", "auroc_type")
             },
             "cost_range": [min(s["cost"] for s in each), max(s["cost"] for s in each)],
+            "all_within_budget": all(s["within_budget"] for s in each),
         }
     out["otc"] = otc_entry(routers, otcs)
     out["otc_training_last_quarter"] = {k: v for k, v in training.items() if k.startswith("otc")}
@@ -328,6 +344,7 @@ def main(argv: list[str]) -> None:
     routers: dict[int, list[dict[str, Any]]] = {}
     otcs: dict[int, dict[float, dict[str, Any]]] = {}
     training: dict[str, dict[str, float]] = {}
+    offsets: dict[int, dict[str, Any] | None] = {}
     result: dict[str, Any] = {}
     for seed in args.seeds:  # each seed's arms, then the result so far
         name = f"router_s{seed}"
@@ -335,6 +352,7 @@ def main(argv: list[str]) -> None:
             args.work / f"eval_{name}.json", kept / f"eval_{name}.json"
         ):
             routers[seed] = router_seed(seed, args, kept)
+            offsets[seed] = served_offset(seed, args, kept)
         for c in args.otc_costs:
             name = f"otc_c{c:g}_s{seed}"
             if "otc" in args.arms or find(
@@ -343,7 +361,8 @@ def main(argv: list[str]) -> None:
                 otcs.setdefault(seed, {})[c] = otc_seed(seed, c, args, kept)
         for n in [f"router_s{seed}", *(f"otc_c{c:g}_s{seed}" for c in args.otc_costs)]:
             training[n] = keep_training(n, args.work, kept)
-        result = {**setting, "held_out": HELD_OUT, **summarize(routers, otcs, training)}
+        summary = summarize(routers, otcs, training, offsets, args.budget)
+        result = {**setting, "held_out": HELD_OUT, **summary}
         out.write_text(json.dumps(result, indent=1))
         print(f"wrote {out}")
     if result:

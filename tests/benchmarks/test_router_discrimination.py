@@ -261,3 +261,16 @@ def test_kept_evals_and_tables_are_read_instead_of_training_again(tmp_path, monk
         (where / "eval_router_s0.json").write_text(json.dumps(old))
     with pytest.raises(AssertionError, match="trained or evaluated"):
         rd.router_seed(0, args, kept)
+
+
+def test_each_seed_says_whether_its_held_out_cost_keeps_the_budget():
+    import router_discrimination as rd
+
+    near = [_row("math", 0.7, 0.0, 1.0, f"m{i}") for i in range(4)]  # P(tool) 0.3: cost 0.3
+    far = [_row("math", 0.9, 0.0, 1.0, f"m{i}") for i in range(4)]  # cost 0.1
+    offset = {"delta": -0.4, "spend": 0.3}
+    out = rd.summarize({0: near, 1: far}, {}, {}, {0: offset, 1: None}, budget=0.3)
+    assert out["seeds"]["0"]["within_budget"] and not out["seeds"]["1"]["within_budget"]
+    assert out["seeds"]["0"]["served_offset"] == offset and out["seeds"]["1"]["served_offset"] is None
+    assert out["pooled"]["all_within_budget"] is False
+    assert rd.summarize({0: near}, {}, {}, budget=0.3)["pooled"]["all_within_budget"] is True
