@@ -65,6 +65,7 @@ from router_discrimination_lib import (  # noqa: E402
     otc_table,
     pooled_diff,
     seed_summary,
+    unshifted,
 )
 
 CONFIG = ROOT / "configs" / "router_smollm2.yaml"
@@ -261,7 +262,14 @@ def summarize(
     for seed, rows in sorted(routers.items()):
         seeds[str(seed)] = {**seed_summary(rows, needs_tool_flags(rows))}
         seeds[str(seed)]["within_budget"] = abs(seeds[str(seed)]["cost"] - budget) <= BUDGET_TOL
-        seeds[str(seed)]["served_offset"] = (offsets or {}).get(seed)
+        served = (offsets or {}).get(seed)
+        seeds[str(seed)]["served_offset"] = served
+        if served:  # the same head and episodes without the offset
+            bare = unshifted(rows, float(served["delta"]))
+            seeds[str(seed)]["without_offset"] = {
+                "reward": fmean(expected(r, "reward") for r in bare),
+                "cost": fmean(expected(r, "cost") for r in bare),
+            }
         seeds[str(seed)]["training_last_quarter"] = training.get(f"router_s{seed}", {})
     out: dict[str, Any] = {"seeds": seeds}
     if routers:

@@ -273,4 +273,9 @@ def test_each_seed_says_whether_its_held_out_cost_keeps_the_budget():
     assert out["seeds"]["0"]["within_budget"] and not out["seeds"]["1"]["within_budget"]
     assert out["seeds"]["0"]["served_offset"] == offset and out["seeds"]["1"]["served_offset"] is None
     assert out["pooled"]["all_within_budget"] is False
+    # seed 0's head without its offset: P(ANSWER) 0.7 → odds × e^0.4 (δ = −0.4 taken out)
+    bare = out["seeds"]["0"]["without_offset"]
+    p_answer = 0.7 * math.exp(0.4) / (0.7 * math.exp(0.4) + 0.3)
+    assert bare["cost"] == pytest.approx(1 - p_answer)
+    assert "without_offset" not in out["seeds"]["1"]
     assert rd.summarize({0: near}, {}, {}, budget=0.3)["pooled"]["all_within_budget"] is True

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from toolgrpo import progress
 from toolgrpo.data.task import Task
 from toolgrpo.eval.routed import PlayFn, RoutedSetup, play_routed
 from toolgrpo.rollout.generator import SamplingParams
@@ -125,7 +126,9 @@ def fit_checkpoint_offset(
         )
 
     def play(ts: Sequence[Task], conds: Any = None) -> list:
-        return runner.play(ts, plan.params, 0, 0, rollback=False, conditions=conds)
+        total = len(conds) if conds is not None else len(ts) * plan.params.n
+        with progress.phase("offset fit", total, "episodes"):  # training tasks × every route
+            return runner.play(ts, plan.params, 0, 0, rollback=False, conditions=conds)
 
     path = Path(checkpoint) / ROUTER_FILE
     binding = binds(load_torch_file(path).get("budget"))
