@@ -65,7 +65,6 @@ from router_discrimination_lib import (  # noqa: E402
     otc_table,
     pooled_diff,
     seed_summary,
-    unshifted,
 )
 
 CONFIG = ROOT / "configs" / "router_smollm2.yaml"
@@ -258,6 +257,8 @@ def summarize(
     offsets: dict[int, dict[str, Any] | None] | None = None,
     budget: float = 0.3,
 ) -> dict[str, Any]:
+    from toolgrpo.router.offset import unshift_rows
+
     seeds = {}
     for seed, rows in sorted(routers.items()):
         seeds[str(seed)] = {**seed_summary(rows, needs_tool_flags(rows))}
@@ -265,7 +266,7 @@ def summarize(
         served = (offsets or {}).get(seed)
         seeds[str(seed)]["served_offset"] = served
         if served:  # the same head and episodes without the offset
-            bare = unshifted(rows, float(served["delta"]))
+            bare = unshift_rows(rows, float(served["delta"]))
             seeds[str(seed)]["without_offset"] = {
                 "reward": fmean(expected(r, "reward") for r in bare),
                 "cost": fmean(expected(r, "cost") for r in bare),

@@ -15,7 +15,6 @@ from typing import Any
 from seed_stats import two_way_se
 
 from toolgrpo.router.metrics import auroc
-from toolgrpo.router.offset import shifted
 
 ANSWER = "ANSWER"
 Row = dict[str, Any]
@@ -30,17 +29,6 @@ def expected(row: Row, what: str, probs: Mapping[str, float] | None = None) -> f
     """A task's expected ``reward`` or ``cost`` under route probabilities (the head's)."""
     p = probs if probs is not None else row["probs"]
     return sum(p[r] * row[what][r] for r in p if p[r] > 0)
-
-
-def unshifted(rows: list[Row], delta: float) -> list[Row]:
-    """The rows with the served budget offset δ taken out of their route probabilities: the head
-    as it was before the offset, read off the same episodes (router/offset.py)."""
-    out = []
-    for x in rows:
-        routes = list(x["probs"])
-        p = shifted([x["probs"][r] for r in routes], routes, -delta)
-        out.append({**x, "probs": dict(zip(routes, p, strict=True))})
-    return out
 
 
 def p_tool(row: Row) -> float:

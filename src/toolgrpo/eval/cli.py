@@ -128,8 +128,9 @@ def _score(
 ) -> int:
     d = cfg.data
     if plays_episodes(cfg, tasks):  # environment tasks: played as episodes (eval/multi_turn.py)
-        logs, fit = run_log.path, fit_offset
-        return run_episode_eval(cfg, tasks, label, out, keep_samples, checkpoint, None, logs, fit)
+        return run_episode_eval(
+            cfg, tasks, label, out, keep_samples, checkpoint, logs=run_log.path, fit_offset=fit_offset
+        )
     if fit_offset:
         raise ConfigError("--fit-offset fits a router head's budget offset: it plays episodes")
     check_scorable(tasks, d.val_files, "use an RLLA dataset")

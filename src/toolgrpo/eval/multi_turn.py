@@ -32,6 +32,7 @@ from toolgrpo.eval.episodes import (
     summary_metrics,
 )
 from toolgrpo.eval.evaluate import val_sampling_params
+from toolgrpo.eval.offset_fit import fit_checkpoint_offset
 from toolgrpo.eval.routed import RoutedSetup, play_routed, report_lines, routed_metrics
 from toolgrpo.models.loading import load_policy
 from toolgrpo.models.safe_load import load_torch_file
@@ -41,7 +42,6 @@ from toolgrpo.rollout.episode import Episode
 from toolgrpo.rollout.multi_turn import Condition
 from toolgrpo.router.calibrate import THRESHOLD_KEY, Threshold
 from toolgrpo.router.catalog import build_families
-from toolgrpo.eval.offset_fit import fit_checkpoint_offset
 from toolgrpo.router.infer import ROUTER_FILE, load_router
 from toolgrpo.router.runtime import RouteCondition
 from toolgrpo.router.spec import SPEC_KEY, families_from_spec

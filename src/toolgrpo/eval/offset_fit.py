@@ -19,7 +19,7 @@ from toolgrpo import progress
 from toolgrpo.data.task import Task
 from toolgrpo.eval.routed import PlayFn, RoutedSetup, play_routed
 from toolgrpo.rollout.generator import SamplingParams
-from toolgrpo.router.offset import OFFSET_KEY, AnswerOffset, fit_answer_offset, shifted
+from toolgrpo.router.offset import OFFSET_KEY, AnswerOffset, fit_answer_offset, unshift_rows
 from toolgrpo.router.routes import ANSWER
 
 
@@ -75,12 +75,7 @@ def fit_served_offset(
     every = replace(setup, baselines=True, threshold=None)
     run = play_routed(every, plan.tasks, plan.params.n, max_prompt_length, play)
     current = setup.policy.offset.delta if setup.policy.offset is not None else 0.0
-
-    def unshifted(row: Mapping[str, Any]) -> dict[str, Any]:
-        p = shifted([row["probs"][r] for r in routes], routes, -current)
-        return {**row, "probs": dict(zip(routes, p, strict=True))}
-
-    rows = [unshifted(row) for row in run.report["per_task"]]
+    rows = unshift_rows(run.report["per_task"], current)
     return fit_answer_offset(rows, routes, float(setup.budget), binding, setup.step)
 
 

@@ -75,6 +75,17 @@ def shifted(probs: Sequence[float], routes: Sequence[str], delta: float) -> list
     return [x / total for x in w]
 
 
+def unshift_rows(rows: Sequence[Mapping[str, Any]], delta: float) -> list[dict[str, Any]]:
+    """``per_task`` rows with the offset δ taken out of their route probabilities: the head as
+    it was without it, read off the same episodes."""
+    out = []
+    for row in rows:
+        routes = list(row["probs"])
+        p = shifted([row["probs"][r] for r in routes], routes, -delta)
+        out.append({**row, "probs": dict(zip(routes, p, strict=True))})
+    return out
+
+
 def expected_cost(rows: Sequence[Mapping[str, Any]], routes: Sequence[str], delta: float) -> float:
     """Mean over tasks of Σ_r p_δ(r) · cost(r) (``per_task`` rows: every route played)."""
 
@@ -108,26 +119,15 @@ def fit_answer_offset(
     before = expected_cost(rows, routes, 0.0)
     lo, hi = (-BOUND if binding else 0.0), BOUND
     if not binding and before <= budget:
-        return AnswerOffset(0.0, budget, before, before, len(rows), binding, True, step)
-    if expected_cost(rows, routes, lo) <= budget:  # binding, yet under B even at δ = −BOUND
-        return _done(lo, rows, routes, budget, before, binding, step, False)
-    if expected_cost(rows, routes, hi) > budget:  # ANSWER almost always and still above B
-        return _done(hi, rows, routes, budget, before, binding, step, False)
-    for _ in range(_STEPS):  # cost(lo) > B ≥ cost(hi)
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if expected_cost(rows, routes, mid) > budget else (lo, mid)
-    return _done(hi, rows, routes, budget, before, binding, step, True)
-
-
-def _done(
-    delta: float,
-    rows: Sequence[Mapping[str, Any]],
-    routes: Sequence[str],
-    budget: float,
-    before: float,
-    binding: bool,
-    step: int,
-    feasible: bool,
-) -> AnswerOffset:
+        delta, feasible = 0.0, True
+    elif expected_cost(rows, routes, lo) <= budget:  # binding, yet under B even at δ = −BOUND
+        delta, feasible = lo, False
+    elif expected_cost(rows, routes, hi) > budget:  # ANSWER almost always and still above B
+        delta, feasible = hi, False
+    else:
+        for _ in range(_STEPS):  # cost(lo) > B ≥ cost(hi)
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if expected_cost(rows, routes, mid) > budget else (lo, mid)
+        delta, feasible = hi, True
     spend = expected_cost(rows, routes, delta)
     return AnswerOffset(delta, budget, before, spend, len(rows), binding, feasible, step)
