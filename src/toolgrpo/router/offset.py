@@ -4,7 +4,7 @@ sampled routes spend the budget on tasks drawn from training.
 Training holds the *running* mean cost near B, step by step, while λ and the head chase each
 other; the head that validation, eval and infer route with (``router.head_ema``'s average, at the
 end of a finite run) can sit off B. Measured on the shipped router config: the last 20 steps
-spent 0.268 at B = 0.3 and the served head 0.243 on the held-out tasks (docs/router.md). δ moves
+spent 0.268 at B = 0.3 and the served head 0.245 on the held-out tasks (docs/router.md). δ moves
 P(ANSWER) against every tool route alike (the tool routes keep their ratios), so the expected
 cost is monotone in δ and one bisection finds the δ that spends B.
 
