@@ -40,7 +40,6 @@ checkout reads it instead of training again. Writes
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import sys
@@ -56,7 +55,16 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from cli_runs import toolgrpo  # noqa: E402
-from kept import find, keep_eval, keep_file, kept_dir, pin, step_means, training_steps  # noqa: E402
+from kept import (  # noqa: E402
+    find,
+    keep_eval,
+    keep_file,
+    kept_dir,
+    pin,
+    setting_digest,
+    step_means,
+    training_steps,
+)
 from router_discrimination_lib import (  # noqa: E402
     blind_diffs,
     expected,
@@ -345,8 +353,8 @@ def main(argv: list[str]) -> None:
     kept = kept_dir(out) / args.work.name
     args.work.mkdir(parents=True, exist_ok=True)
     kept.mkdir(parents=True, exist_ok=True)
-    digest = hashlib.sha256(CONFIG.read_bytes()).hexdigest()[:16]
-    setting = {"config": str(CONFIG.relative_to(ROOT)), "config_sha256": digest}
+    digest = setting_digest(CONFIG, [])[:16]  # the YAML tree: comments do not count
+    setting = {"config": str(CONFIG.relative_to(ROOT)), "setting_sha256": digest}
     setting |= {"budget": args.budget, "episodes": args.episodes, "overrides": args.extra}
     setting |= {"eval_limit": args.eval_limit} if args.eval_limit >= 0 else {}
     pin([args.work, kept], {"setting.json": json.dumps(setting, indent=1)})
