@@ -271,7 +271,9 @@ def test_each_seed_says_whether_its_held_out_cost_keeps_the_budget():
     offset = {"delta": -0.4, "spend": 0.3}
     out = rd.summarize({0: near, 1: far}, {}, {}, {0: offset, 1: None}, budget=0.3)
     assert out["seeds"]["0"]["within_budget"] and not out["seeds"]["1"]["within_budget"]
-    assert out["seeds"]["0"]["served_offset"] == offset and out["seeds"]["1"]["served_offset"] is None
+    assert (
+        out["seeds"]["0"]["served_offset"] == offset and out["seeds"]["1"]["served_offset"] is None
+    )
     assert out["pooled"]["all_within_budget"] is False
     # seed 0's head without its offset: P(ANSWER) 0.7 → odds × e^0.4 (δ = −0.4 taken out)
     bare = out["seeds"]["0"]["without_offset"]

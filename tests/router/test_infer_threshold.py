@@ -7,6 +7,8 @@ checkpoint saved without it."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import logging
 import math
@@ -54,14 +56,17 @@ def run(tiny_model_dir, tmp_path_factory):
             "router.enable": "true",
             "router.freeze_lm": "true",
             "trainer.test_freq": 1,
+            "trainer.logger": "[console,jsonl]",
         },
     )
-    trainer = Trainer(load_config(TrainConfig, None, ov))
-    try:
-        history = trainer.fit()
-    finally:
-        trainer.close()
-    return ov, tmp / "run" / "checkpoints" / "global_step_1", history
+    err = io.StringIO()  # the console's phase lines (not a terminal: one line per phase)
+    with contextlib.redirect_stderr(err):
+        trainer = Trainer(load_config(TrainConfig, None, ov))
+        try:
+            history = trainer.fit()
+        finally:
+            trainer.close()
+    return ov, tmp / "run" / "checkpoints" / "global_step_1", history, err.getvalue()
 
 
 def _infer(model_dir, checkpoint, extra=()):
@@ -93,7 +98,7 @@ def _with_threshold(src, dst, tau):
 
 
 def test_validation_calibrates_and_the_checkpoint_keeps_tau(run, tiny_model_dir):
-    ov, ckpt, history = run
+    ov, ckpt, history, _ = run
     val = history[-1]
     assert val["val/router/headline_sampled"] == 1.0  # B = 0.3 binds
     if val["val/threshold/feasible"]:  # else even ANSWER everywhere spent more than B
@@ -113,7 +118,7 @@ def test_validation_calibrates_and_the_checkpoint_keeps_tau(run, tiny_model_dir)
 
 
 def test_infer_routes_by_the_threshold(run, tiny_model_dir, tmp_path):
-    _, ckpt, _ = run
+    _, ckpt, _, _ = run
     always = _with_threshold(ckpt, tmp_path / "always", 0.0)
     route, line = _infer(tiny_model_dir, always)
     assert route in ("SEARCH", "CALCULATE") and ">= τ 0.00" in line
@@ -127,7 +132,7 @@ def test_infer_routes_by_the_threshold(run, tiny_model_dir, tmp_path):
 def test_an_older_checkpoint_without_tau_loads_and_falls_back(
     run, tiny_model_dir, tmp_path, caplog
 ):
-    _, ckpt, _ = run
+    _, ckpt, _, _ = run
     old = _with_threshold(ckpt, tmp_path / "old", None)
     with caplog.at_level(logging.WARNING, logger="toolgrpo.router.infer"):
         route, line = _infer(tiny_model_dir, old)
@@ -138,7 +143,7 @@ def test_an_older_checkpoint_without_tau_loads_and_falls_back(
 
 
 def test_validation_fits_the_served_heads_budget_offset_on_training_tasks(run):
-    _, ckpt, history = run
+    _, ckpt, history, _ = run
     val = history[-1]
     state = load_torch_file(ckpt / "router.pt")
     saved = AnswerOffset.from_state(state[OFFSET_KEY])
@@ -153,7 +158,7 @@ def test_validation_fits_the_served_heads_budget_offset_on_training_tasks(run):
 
 
 def test_eval_fits_an_offset_for_a_checkpoint_saved_without_one(run, tmp_path):
-    ov, ckpt, _ = run
+    ov, ckpt, _, _ = run
     old = _with_threshold(ckpt, tmp_path / "old", 0.5)
     state = load_torch_file(old / "router.pt")
     state.pop(OFFSET_KEY)
@@ -168,3 +173,13 @@ def test_eval_fits_an_offset_for_a_checkpoint_saved_without_one(run, tmp_path):
     off = [*ov, "router.enable=false"]  # no head to fit: refused before any model loads
     with pytest.raises(ConfigError, match="--fit-offset"):
         run_eval(None, off, None, str(tmp_path / "e2.json"), -1, 0, fit_offset=True)
+
+
+def test_validation_progress_counts_every_route_and_the_offset_fit(run):
+    """Routed validation plays every validation task under every route, and the offset fit
+    every training task under every route, ``router.offset_n`` episodes each: the console's
+    phase lines count those episodes, not the validation tasks."""
+    *_, err = run
+    lines = [x for x in err.splitlines() if x.startswith("step 1 ")]
+    assert any(x.startswith("step 1 offset fit: 36 episodes in ") for x in lines), lines  # 6×3×2
+    assert any(x.startswith("step 1 validation: 18 episodes in ") for x in lines), lines  # 6×3×1

@@ -129,7 +129,14 @@ def _score(
     d = cfg.data
     if plays_episodes(cfg, tasks):  # environment tasks: played as episodes (eval/multi_turn.py)
         return run_episode_eval(
-            cfg, tasks, label, out, keep_samples, checkpoint, logs=run_log.path, fit_offset=fit_offset
+            cfg,
+            tasks,
+            label,
+            out,
+            keep_samples,
+            checkpoint,
+            logs=run_log.path,
+            fit_offset=fit_offset,
         )
     if fit_offset:
         raise ConfigError("--fit-offset fits a router head's budget offset: it plays episodes")

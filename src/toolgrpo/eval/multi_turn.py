@@ -33,7 +33,13 @@ from toolgrpo.eval.episodes import (
 )
 from toolgrpo.eval.evaluate import val_sampling_params
 from toolgrpo.eval.offset_fit import fit_checkpoint_offset
-from toolgrpo.eval.routed import RoutedSetup, play_routed, report_lines, routed_metrics
+from toolgrpo.eval.routed import (
+    RoutedSetup,
+    episodes_played,
+    play_routed,
+    report_lines,
+    routed_metrics,
+)
 from toolgrpo.models.loading import load_policy
 from toolgrpo.models.safe_load import load_torch_file
 from toolgrpo.rewards.types import RllaFlags
@@ -183,8 +189,7 @@ def evaluate_episodes(
         n = val_sampling_params(cfg).n
 
         def play(ts: Sequence[Task], conds: Any = None) -> list[Episode]:
-            total = len(conds) if conds is not None else len(ts) * n
-            with progress.phase("episodes", total, "episodes"):
+            with progress.phase("episodes", episodes_played(ts, conds, n), "episodes"):
                 return play_validation(runner, cfg, ts, 0, 0, conds)
 
         if checkpoint and router_head(cfg, checkpoint):

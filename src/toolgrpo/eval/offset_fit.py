@@ -17,7 +17,7 @@ import torch
 
 from toolgrpo import progress
 from toolgrpo.data.task import Task
-from toolgrpo.eval.routed import PlayFn, RoutedSetup, play_routed
+from toolgrpo.eval.routed import PlayFn, RoutedSetup, episodes_played, play_routed
 from toolgrpo.rollout.generator import SamplingParams
 from toolgrpo.router.offset import OFFSET_KEY, AnswerOffset, fit_answer_offset, unshift_rows
 from toolgrpo.router.routes import ANSWER
@@ -121,8 +121,8 @@ def fit_checkpoint_offset(
         )
 
     def play(ts: Sequence[Task], conds: Any = None) -> list:
-        total = len(conds) if conds is not None else len(ts) * plan.params.n
-        with progress.phase("offset fit", total, "episodes"):  # training tasks × every route
+        total = episodes_played(ts, conds, plan.params.n)  # training tasks × every route
+        with progress.phase("offset fit", total, "episodes"):
             return runner.play(ts, plan.params, 0, 0, rollback=False, conditions=conds)
 
     path = Path(checkpoint) / ROUTER_FILE

@@ -67,6 +67,14 @@ log = logging.getLogger(__name__)
 ROUTER = HEADLINE
 BASELINES = ("always_answer", "always_family", "best_in_hindsight")
 PlayFn = Callable[[Sequence[Task], Sequence[Condition]], list[Episode]]
+
+
+def episodes_played(tasks: Sequence[Task], conds: Sequence[Condition] | None, n: int) -> int:
+    """How many episodes one :data:`PlayFn` call plays: one per condition (routed evaluation
+    plays every task under every route, ``n`` each), else ``n`` per task."""
+    return len(conds) if conds is not None else len(tasks) * n
+
+
 __all__ = [  # the report's pure functions, re-exported for callers of this module
     "expected_summary",
     "report_lines",

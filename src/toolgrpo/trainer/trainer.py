@@ -15,7 +15,6 @@ from typing import Any
 
 import torch
 
-from toolgrpo import progress
 from toolgrpo.algos import get_kl_controller
 from toolgrpo.config.loader import ConfigError
 from toolgrpo.config.schema import TrainConfig, as_dict, data_seed
@@ -346,9 +345,7 @@ class Trainer:
         params, d, seed = val_sampling_params(self.cfg), self.cfg.data, self.cfg.trainer.seed
         on = ValSetup(self.generator, self.tokenizer, params, d, self.flags, seed, self.episodes)
         on = replace(on, router=self.router, offset=offset_plan(self.cfg, self.tasks))
-        total = len(self._val_tasks) * params.n
-        with progress.phase("validation", total, "episodes" if self.episodes else "samples"):
-            res = validate(on, self._val_tasks, step, self.step)
+        res = validate(on, self._val_tasks, step, self.step)
         if res.routed:  # τ for threshold routing, saved with the next checkpoint
             self.router_calibration = res.calibrated
         return res.metrics

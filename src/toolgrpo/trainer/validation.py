@@ -12,12 +12,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from toolgrpo import progress
 from toolgrpo.config.schema import DataConfig
 from toolgrpo.data.task import Task
 from toolgrpo.eval.episodes import summarize_episodes, summary_metrics
 from toolgrpo.eval.evaluate import evaluate
 from toolgrpo.eval.offset_fit import OffsetPlan, binds, fit_served_offset, offset_metrics
-from toolgrpo.eval.routed import RoutedSetup, play_routed, routed_metrics
+from toolgrpo.eval.routed import RoutedSetup, episodes_played, play_routed, routed_metrics
 from toolgrpo.rewards.types import RllaFlags
 from toolgrpo.rollout.generator import SamplingParams
 from toolgrpo.router.calibrate import Threshold
@@ -77,21 +78,23 @@ def validate(val: ValSetup, tasks: Sequence[Task], step: int, version: int) -> V
     """``val/...`` metrics of one validation pass at ``step``, played by policy ``version``."""
     d = val.data
     if val.episodes is None:
-        res = evaluate(
-            val.generator,
-            val.tokenizer,
-            tasks,
-            val.params,
-            d.max_prompt_length,
-            step,
-            val.flags,
-            batch_size=d.val_batch_size,
-        )
+        with progress.phase("validation", len(tasks) * val.params.n, "samples"):
+            res = evaluate(
+                val.generator,
+                val.tokenizer,
+                tasks,
+                val.params,
+                d.max_prompt_length,
+                step,
+                val.flags,
+                batch_size=d.val_batch_size,
+            )
         return Validated(res.metrics("val"))
     runner, params = val.episodes, val.params
 
     def play(ts: Sequence[Task], conds: Any = None) -> list:
-        return runner.play(ts, params, step, version, rollback=False, conditions=conds)
+        with progress.phase("validation", episodes_played(ts, conds, params.n), "episodes"):
+            return runner.play(ts, params, step, version, rollback=False, conditions=conds)
 
     routes, extra, run = None, {}, None
     if val.router is not None:  # routed, as toolgrpo eval plays it (router.head_ema's head)
@@ -100,7 +103,12 @@ def validate(val: ValSetup, tasks: Sequence[Task], step: int, version: int) -> V
             plan = val.offset
 
             def play_train(ts: Sequence[Task], conds: Any = None) -> list:
-                return runner.play(ts, plan.params, step, version, rollback=False, conditions=conds)
+                with progress.phase(
+                    "offset fit", episodes_played(ts, conds, plan.params.n), "episodes"
+                ):
+                    return runner.play(
+                        ts, plan.params, step, version, rollback=False, conditions=conds
+                    )
 
             binding = binds(val.router.budget.state_dict())
             with val.router.policy.averaged():
