@@ -41,6 +41,8 @@ def run(tiny_model_dir, tmp_path_factory):
     for env in ("calculator", "search", "direct"):
         lines = embedded_path(f"{env}_test.jsonl", "envs").read_text().splitlines()
         rows += [json.loads(x) for x in lines[:2]]
+    for i, row in enumerate(rows):  # one file: distinct ids across the three types
+        row["extra_info"]["index"] = i
     tmp = tmp_path_factory.mktemp("thr")
     data = write_jsonl(tmp / "env.jsonl", rows)
     ov = train_overrides(
