@@ -10,6 +10,11 @@ export OMP_WAIT_POLICY=PASSIVE HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 export TOOLGRPO_REQUIRE_BACKENDS=1  # a tier whose backend does not import fails instead of skipping
 PYTEST=(.venv/bin/python -m pytest -q -p no:cacheprovider)
 if [ $# -gt 0 ]; then exec "${PYTEST[@]}" "$@"; fi
+# One model cache for the tiers below, empty at the start and removed at the end: each tier's
+# pytest process would otherwise convert SmolLM2's GGUF again (~45 s on 2 AVX2 cores).
+TOOLGRPO_TEST_CACHE=$(mktemp -d "${TMPDIR:-/tmp}/toolgrpo_test_cache.XXXXXX")
+export TOOLGRPO_TEST_CACHE
+trap 'rm -rf "$TOOLGRPO_TEST_CACHE"' EXIT
 "${PYTEST[@]}" --ignore=tests/vllm --ignore=tests/ray -m "not browser"
 "${PYTEST[@]}" tests/vllm
 "${PYTEST[@]}" tests/ray

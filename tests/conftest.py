@@ -52,9 +52,12 @@ def write_jsonl(path: Path, rows: list) -> Path:
 
 @pytest.fixture(scope="session", autouse=True)
 def _session_cache(tmp_path_factory):
-    """Model cache in a temp dir, so no test touches (or fills) ~/.cache/toolgrpo."""
+    """Model cache in a temp dir, so no test touches (or fills) ~/.cache/toolgrpo: the one
+    scripts/test.sh made for this run (``TOOLGRPO_TEST_CACHE``, empty at its start and shared by
+    its tiers, so SmolLM2 is converted once a run, not once a tier), else a session temp dir."""
     old = os.environ.get("TOOLGRPO_CACHE")
-    os.environ["TOOLGRPO_CACHE"] = str(tmp_path_factory.mktemp("toolgrpo_cache"))
+    made = os.environ.get("TOOLGRPO_TEST_CACHE") or str(tmp_path_factory.mktemp("toolgrpo_cache"))
+    os.environ["TOOLGRPO_CACHE"] = made
     yield
     if old is None:
         os.environ.pop("TOOLGRPO_CACHE", None)

@@ -37,25 +37,25 @@ def test_mixture_with_base_smollm2_logs_finite_importance_weights(tmp_path):
             "rollout_only.top_k=40",
             "rollout_allocation_schedule.type=constant",
             "rollout_allocation_schedule.alpha=0.5",
-            "rollout_allocation_schedule.seed=3",  # step 1: actor, step 2: fixed
+            "rollout_allocation_schedule.seed=1",  # step 1: the fixed policy samples
             "data.train_batch_size=2",
             "actor_rollout_ref.rollout.n=2",
             "actor_rollout_ref.actor.ppo_mini_batch_size=2",
             "data.max_prompt_length=1024",
             "data.max_response_length=32",
-            "trainer.total_training_steps=2",
+            "trainer.total_training_steps=1",
             "trainer.logger=[jsonl]",
             "trainer.save_hf_model=false",
             f"trainer.output_dir={out}",
         ],
     )
     Trainer(cfg).fit()
-    first, second = read_metrics(out)
-    assert first["rollout/policy_choice"] == 1.0 and second["rollout/policy_choice"] == 0.0
+    (step,) = read_metrics(out)
+    assert step["rollout/policy_choice"] == 0.0  # the fixed policy's step (the actor's: 1.0)
     for k in ("mean", "std", "min", "max", "ess"):
-        v = second[f"actor/importance_weight_{k}"]
+        v = step[f"actor/importance_weight_{k}"]
         assert v is not None and math.isfinite(v), k
-    assert second["actor/importance_sampling"] == 1.0
-    assert 0.0 <= second["actor/is_support_gap"] < 1.0  # top-k 40 / top-p 0.95 cut some mass
-    assert 0.0 < second["rollout/fixed_seq_ess"] <= 1.0
-    assert math.isfinite(second["actor/pg_loss"])
+    assert step["actor/importance_sampling"] == 1.0
+    assert 0.0 <= step["actor/is_support_gap"] < 1.0  # top-k 40 / top-p 0.95 cut some mass
+    assert 0.0 < step["rollout/fixed_seq_ess"] <= 1.0
+    assert math.isfinite(step["actor/pg_loss"])

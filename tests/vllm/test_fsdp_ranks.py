@@ -18,7 +18,7 @@ def test_two_ranks_each_sample_with_their_own_vllm_engine(vllm_ready, tmp_path):
     out = tmp_path / "run"
     ov = [
         "actor_rollout_ref.model.path=smollm2-135m",
-        "actor_rollout_ref.model.dtype=bfloat16",
+        "actor_rollout_ref.model.dtype=auto",  # bf16 where the CPU has it, else fp32 (~5x faster)
         "actor_rollout_ref.rollout.name=vllm",
         "actor_rollout_ref.rollout.cpu_kvcache_space_gb=0.5",
         "actor_rollout_ref.rollout.max_model_len=1024",
