@@ -50,6 +50,20 @@ def write_jsonl(path: Path, rows: list) -> Path:
     return path
 
 
+def env_task_file(path: Path, per_type: int, types=("calculator", "search", "direct")) -> Path:
+    """The first ``per_type`` held-out rows of each embedded environment type in one JSONL file,
+    numbered 0, 1, ... across types (within one file a repeated index is a repeated task id)."""
+    from toolgrpo.data.loader import embedded_path
+
+    rows = []
+    for env in types:
+        lines = embedded_path(f"{env}_test.jsonl", "envs").read_text().splitlines()
+        rows += [json.loads(x) for x in lines[:per_type]]
+    for i, row in enumerate(rows):
+        row["extra_info"]["index"] = i
+    return write_jsonl(path, rows)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _session_cache(tmp_path_factory):
     """Model cache in a temp dir, so no test touches (or fills) ~/.cache/toolgrpo: the one

@@ -17,10 +17,9 @@ import pytest
 import torch
 from rich.console import Console
 
-from tests.conftest import train_overrides, write_jsonl
+from tests.conftest import env_task_file, train_overrides
 from toolgrpo.config.loader import ConfigError, load_config
 from toolgrpo.config.schema import TrainConfig
-from toolgrpo.data.loader import embedded_path
 from toolgrpo.eval.cli import run_eval
 from toolgrpo.infer import run_infer
 from toolgrpo.models.safe_load import load_torch_file
@@ -37,14 +36,8 @@ LIMITS = [
 @pytest.fixture(scope="module")
 def run(tiny_model_dir, tmp_path_factory):
     """One router-only step on calculator/search/direct tasks, validated at step 1."""
-    rows = []
-    for env in ("calculator", "search", "direct"):
-        lines = embedded_path(f"{env}_test.jsonl", "envs").read_text().splitlines()
-        rows += [json.loads(x) for x in lines[:2]]
-    for i, row in enumerate(rows):  # one file: distinct ids across the three types
-        row["extra_info"]["index"] = i
     tmp = tmp_path_factory.mktemp("thr")
-    data = write_jsonl(tmp / "env.jsonl", rows)
+    data = env_task_file(tmp / "env.jsonl", 2)
     ov = train_overrides(
         tiny_model_dir,
         data,

@@ -6,14 +6,12 @@ config do on vLLM, small."""
 
 from __future__ import annotations
 
-import json
 import math
 
 import pytest
 
-from tests.conftest import read_metrics, write_jsonl
+from tests.conftest import env_task_file, read_metrics
 from tests.vllm.conftest import vllm_train_overrides
-from toolgrpo.data.loader import embedded_path
 
 pytestmark = pytest.mark.vllm
 
@@ -26,13 +24,7 @@ def test_router_validation_fits_the_offset_and_plays_every_route_on_vllm(session
     from toolgrpo.router.offset import OFFSET_KEY, AnswerOffset
     from toolgrpo.trainer.trainer import Trainer
 
-    rows = []
-    for env in ("calculator", "search", "direct"):
-        lines = embedded_path(f"{env}_test.jsonl", "envs").read_text().splitlines()
-        rows += [json.loads(x) for x in lines[:1]]
-    for i, row in enumerate(rows):  # one file: distinct ids across the three types
-        row["extra_info"]["index"] = i
-    data = write_jsonl(tmp_path / "env.jsonl", rows)
+    data = env_task_file(tmp_path / "env.jsonl", 1)
     ov = vllm_train_overrides(
         data,
         tmp_path / "run",
