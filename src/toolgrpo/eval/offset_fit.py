@@ -73,7 +73,12 @@ def fit_served_offset(
     if ANSWER not in routes or setup.budget is None or not plan.tasks:
         return None
     every = replace(setup, baselines=True, threshold=None)
-    run = play_routed(every, plan.tasks, plan.params.n, max_prompt_length, play)
+
+    def counted(ts: Sequence[Task], conds: Any) -> list:  # the fit's own progress phase
+        with progress.phase("offset fit", episodes_played(ts, conds, plan.params.n), "episodes"):
+            return play(ts, conds)
+
+    run = play_routed(every, plan.tasks, plan.params.n, max_prompt_length, counted)
     current = setup.policy.offset.delta if setup.policy.offset is not None else 0.0
     rows = unshift_rows(run.report["per_task"], current)
     return fit_answer_offset(rows, routes, float(setup.budget), binding, setup.step)
@@ -120,10 +125,8 @@ def fit_checkpoint_offset(
             "it needs router.enable, router.offset_tasks > 0 and multi-turn episodes"
         )
 
-    def play(ts: Sequence[Task], conds: Any = None) -> list:
-        total = episodes_played(ts, conds, plan.params.n)  # training tasks × every route
-        with progress.phase("offset fit", total, "episodes"):
-            return runner.play(ts, plan.params, 0, 0, rollback=False, conditions=conds)
+    def play(ts: Sequence[Task], conds: Any = None) -> list:  # training tasks × every route
+        return runner.play(ts, plan.params, 0, 0, rollback=False, conditions=conds)
 
     path = Path(checkpoint) / ROUTER_FILE
     binding = binds(load_torch_file(path).get("budget"))

@@ -103,12 +103,7 @@ def validate(val: ValSetup, tasks: Sequence[Task], step: int, version: int) -> V
             plan = val.offset
 
             def play_train(ts: Sequence[Task], conds: Any = None) -> list:
-                with progress.phase(
-                    "offset fit", episodes_played(ts, conds, plan.params.n), "episodes"
-                ):
-                    return runner.play(
-                        ts, plan.params, step, version, rollback=False, conditions=conds
-                    )
+                return runner.play(ts, plan.params, step, version, rollback=False, conditions=conds)
 
             binding = binds(val.router.budget.state_dict())
             with val.router.policy.averaged():
