@@ -295,3 +295,15 @@ def test_evals_env_runs_the_held_out_eval_alone_and_reports_without_rlla(tmp_pat
         assert r["gain"] == pytest.approx(15.0) and r["training"]["peak_rss_gb"] == 3.25
         assert not any(k.startswith(("rlla", "schemas")) for k in r)
     assert "rlla_diff" not in result["pooled"] and result["pooled"]["seeds"] == 2
+
+
+def test_a_record_of_more_than_three_seeds_keeps_the_first_threes_pool(tmp_path):
+    """Seeds added to the record (the first three's pool stays reported beside the new one)."""
+    _env(tmp_path / "eval_env_warmstart.json", {0, 1, 2, 3})
+    for s, solved in enumerate(({0, 1, 2, 3, 4, 5}, {1, 2, 3, 8}, {0, 1, 2, 3, 9}, {0, 5, 6})):
+        _env(tmp_path / f"eval_env_seed_{s}.json", solved)
+    three, four = summarize(tmp_path, [0, 1, 2]), summarize(tmp_path, [0, 1, 2, 3])
+    assert "pooled_first_three" not in three
+    assert four["pooled"]["seeds"] == 4 and four["pooled"]["gain"] != three["pooled"]["gain"]
+    assert four["pooled_first_three"] == {k: three["pooled"][k] for k in four["pooled_first_three"]}
+    assert four["pooled_first_three"]["seeds"] == 3
