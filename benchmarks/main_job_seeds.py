@@ -13,7 +13,7 @@ its episodes' text) and those files are also kept in git, in ``benchmarks/result
 a later checkout reuses a kept seed without training or evaluating it again, and ``--report``
 works from the kept copies alone.
 
-    python benchmarks/main_job_seeds.py                          # seeds 0-4, ~50 min a seed
+    python benchmarks/main_job_seeds.py                          # seeds 0-4, ~1 h a seed
     python benchmarks/main_job_seeds.py --seeds 0 1 2 --report   # only re-read what is there
     python benchmarks/main_job_seeds.py --config configs/agent_gemma3_grpo.yaml \
         --work outputs/main_job_gemma3 --out benchmarks/results/main_job_gemma3  # another model
