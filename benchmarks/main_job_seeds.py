@@ -35,7 +35,8 @@ Writes ``benchmarks/results/main_job_seeds.json`` (+ ``.png``): per seed ``seed`
 ``pooled.se`` (the mean gain over seeds and tasks; its SE is the crossed tasks x seeds
 random-effects SE, and ``pooled.se_conservative`` adds the SE over tasks and the SE between
 seeds); ``pooled_first_three`` (the same held-out fields over the first three seeds given, when
-there are more); ``machine``.
+there are more); ``machine`` (where the summary was written) and, per seed, ``machine`` (where
+its run trained, where that was recorded: seeds 0-3 of the record predate it).
 """
 
 from __future__ import annotations
@@ -203,11 +204,21 @@ def metrics_name(seed: int) -> str:
     return f"seed_{seed}/metrics.jsonl"
 
 
+def machine_name(seed: int) -> str:
+    """The machine a seed's run trained on (CPU flags, dtype, cores), beside its metrics."""
+    return f"seed_{seed}/machine.json"
+
+
 def keep_metrics(work: Path, kept: Path, seed: int, job: Job = Job()) -> None:
-    """Keep a finished run's metrics.jsonl, only the keys its summary reads."""
-    src = work / metrics_name(seed)
+    """Keep a finished run's metrics.jsonl (only the keys its summary reads) and the machine it
+    trained on. A work directory is this machine's, so a finished run there without its machine
+    record gets this one's."""
+    src, where = work / metrics_name(seed), work / machine_name(seed)
     if final_checkpoint(work / f"seed_{seed}", job) is not None and src.is_file():
         keep_file(src, kept / metrics_name(seed), (*TRAINING_KEYS, PEAK_KEY, VAL_KEY))
+        if not where.is_file():
+            where.write_text(json.dumps(machine()) + "\n")
+        keep_file(where, kept / machine_name(seed))
 
 
 def training(metrics_jsonl: Path | None) -> dict:
@@ -258,6 +269,8 @@ def summarize(work: Path, seeds: list[int], kept: Path | None = None, job: Job =
                 "training": training(at(metrics_name(s))),
             }
         )
+        if (where := at(machine_name(s))) is not None:  # recorded since seed 4 of the record
+            rows[-1]["machine"] = json.loads(where.read_text())
         for t in before.keys() & after.keys():
             per_task.setdefault(t, []).append(after[t].success - before[t].success)
     extra = at("overrides.json")  # what every training run of this --work added

@@ -132,6 +132,8 @@ def _no_run(*args: str, log: Path) -> None:
 def test_a_checkout_with_only_the_kept_copies_resumes_and_reports_the_same(tmp_path, monkeypatch):
     monkeypatch.setattr(mjs, "toolgrpo", _no_run)  # every seed is done: nothing may run
     monkeypatch.setattr(mjs, "plot", lambda result, path: None)
+    here = {"cpu_flags": ["avx2", "amx_bf16"], "dtype": "bfloat16", "cores": 2}
+    monkeypatch.setattr(mjs, "machine", lambda: here)
     work, out = tmp_path / "work", tmp_path / "results" / "main_job_seeds"
     work.mkdir()
     _env(work / "eval_env_warmstart.json", {0, 1, 2, 3}, talk=True)
@@ -166,6 +168,9 @@ def test_a_checkout_with_only_the_kept_copies_resumes_and_reports_the_same(tmp_p
     assert t0 == {"timing/step_s": 61.5, "rollout/mismatch_kl": 1e-3,
                   "val_accuracy": {"0": 0.4, "2": 0.5}}  # fmt: skip
     assert full["seeds"][1]["training"] == {}  # no run at hand
+    # the machine seed 0 trained on is kept beside its metrics; seed 1 has none recorded
+    assert full["seeds"][0]["machine"] == here and "machine" not in full["seeds"][1]
+    assert json.loads((kept / "seed_0" / "machine.json").read_text()) == here
     assert not any(("messages" in p.read_text() or "response" in p.read_text()) for p in
                    kept.glob("*.json"))  # fmt: skip
     assert [r["seed"] for r in full["seeds"]] == [0, 1] and full["overrides"] == [lr]
@@ -307,3 +312,18 @@ def test_a_record_of_more_than_three_seeds_keeps_the_first_threes_pool(tmp_path)
     assert four["pooled"]["seeds"] == 4 and four["pooled"]["gain"] != three["pooled"]["gain"]
     assert four["pooled_first_three"] == {k: three["pooled"][k] for k in four["pooled_first_three"]}
     assert four["pooled_first_three"]["seeds"] == 3
+
+
+def test_a_run_keeps_the_machine_it_trained_on_not_the_one_that_reports(tmp_path, monkeypatch):
+    monkeypatch.setattr(mjs, "machine", lambda: {"cpu_flags": ["avx2"]})  # the reporting one
+    work, kept = tmp_path / "work", tmp_path / "kept"
+    ck = work / "seed_3" / "checkpoints" / f"global_step_{mjs.STEPS}"
+    ck.mkdir(parents=True)
+    (ck / "trainer_state.json").write_text("{}")
+    (work / "seed_3" / "metrics.jsonl").write_text('{"step": 1, "timing/step_s": 9.0}\n')
+    trained_on = {"cpu_flags": ["avx2", "avx512_bf16"], "dtype": "bfloat16"}
+    (work / mjs.machine_name(3)).write_text(json.dumps(trained_on))
+    mjs.keep_metrics(work, kept, 3)
+    assert json.loads((kept / mjs.machine_name(3)).read_text()) == trained_on
+    mjs.keep_metrics(work, kept, 4)  # no finished run: nothing kept, nothing recorded
+    assert not (kept / "seed_4").exists() and not (work / "seed_4").exists()
