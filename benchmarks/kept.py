@@ -91,6 +91,14 @@ def keep_file(src: Path, dest: Path, keys: Iterable[str] | None = None) -> bool:
     return write_atomic(dest, text)
 
 
+def keep_machine(where: Path, dest: Path, here: Callable[[], dict[str, Any]]) -> bool:
+    """Keep ``where``, the record of the machine a finished run trained on, as ``dest``. A work
+    directory is this machine's, so a run there without its record gets ``here()``."""
+    if not where.is_file():
+        where.write_text(json.dumps(here()) + "\n")
+    return keep_file(where, dest)
+
+
 def training_steps(metrics_jsonl: Path | None) -> list[dict[str, Any]]:
     """A run's metrics.jsonl rows of its training steps (step 0, before training, left out)."""
     if metrics_jsonl is None or not metrics_jsonl.is_file():

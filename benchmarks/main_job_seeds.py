@@ -57,6 +57,7 @@ from kept import (  # noqa: E402
     finder,
     keep_evals,
     keep_file,
+    keep_machine,
     kept_dir,
     pin_setting,
     step_means,
@@ -211,14 +212,11 @@ def machine_name(seed: int) -> str:
 
 def keep_metrics(work: Path, kept: Path, seed: int, job: Job = Job()) -> None:
     """Keep a finished run's metrics.jsonl (only the keys its summary reads) and the machine it
-    trained on. A work directory is this machine's, so a finished run there without its machine
-    record gets this one's."""
+    trained on (``kept.keep_machine``)."""
     src, where = work / metrics_name(seed), work / machine_name(seed)
     if final_checkpoint(work / f"seed_{seed}", job) is not None and src.is_file():
         keep_file(src, kept / metrics_name(seed), (*TRAINING_KEYS, PEAK_KEY, VAL_KEY))
-        if not where.is_file():
-            where.write_text(json.dumps(machine()) + "\n")
-        keep_file(where, kept / machine_name(seed))
+        keep_machine(where, kept / machine_name(seed), machine)
 
 
 def training(metrics_jsonl: Path | None) -> dict:
@@ -269,7 +267,7 @@ def summarize(work: Path, seeds: list[int], kept: Path | None = None, job: Job =
                 "training": training(at(metrics_name(s))),
             }
         )
-        if (where := at(machine_name(s))) is not None:  # recorded since seed 4 of the record
+        if (where := at(machine_name(s))) is not None:  # runs kept before it have no record
             rows[-1]["machine"] = json.loads(where.read_text())
         for t in before.keys() & after.keys():
             per_task.setdefault(t, []).append(after[t].success - before[t].success)

@@ -50,6 +50,7 @@ from kept import (  # noqa: E402
     finder,
     keep_evals,
     keep_file,
+    keep_machine,
     kept_dir,
     pin,
     step_means,
@@ -200,17 +201,15 @@ def machine_name(arm: str, seed: int) -> str:
 
 def keep(work: Path, kept: Path, arms: list[str], seeds: list[int], steps: int) -> None:
     """Keep every eval of ``work`` and, for every finished run, its metrics (only the keys
-    ``training_summary`` reads) and the machine it trained on in ``kept``. A work directory is
-    this machine's, so a finished run there without its machine record gets this one's."""
+    ``training_summary`` reads) and the machine it trained on (``kept.keep_machine``) in
+    ``kept``."""
     keep_evals(work, kept, [eval_name(arm, s) for arm in arms for s in seeds])
     for arm in arms:
         for s in seeds:
             metrics, where = work / metrics_name(arm, s), work / machine_name(arm, s)
             if final_checkpoint(run_dir(work, arm, s), steps) and metrics.is_file():
                 keep_file(metrics, kept / metrics_name(arm, s), TRAINING_KEYS)
-                if not where.is_file():
-                    where.write_text(json.dumps(machine()) + "\n")
-                keep_file(where, kept / machine_name(arm, s))
+                keep_machine(where, kept / machine_name(arm, s), machine)
 
 
 def summarize(
